@@ -1,0 +1,16 @@
+"""Native core of fastmodule (private; use :mod:`fastmodule`)."""
+
+def init(fast_module: type, libtorch_path: str) -> None:
+    """Capture torch's originals and install the slots on ``fast_module``."""
+
+def install_class(cls: type) -> tuple[bool, bool, bool]:
+    """Give ``cls`` the native (call, getattr, setattr) slots its MRO allows."""
+
+def installed(cls: type) -> tuple[bool, bool, bool]:
+    """Which of the (call, getattr, setattr) slots ``cls`` carries now."""
+
+def native_tracing_probe() -> bool:
+    """Whether jit tracing is detected through libtorch directly."""
+
+def serving_registration() -> bool:
+    """Whether torch's registration functions are served natively."""

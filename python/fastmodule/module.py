@@ -1,0 +1,39 @@
+"""``fastmodule.Module``: a ``torch.nn.Module`` whose hot paths run in Rust."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from fastmodule import _core
+
+__all__ = ["Module", "slots_of"]
+
+
+class Module(torch.nn.Module):
+    """Drop-in base class for ``torch.nn.Module``.
+
+    Calling the module, reading registered parameters/buffers/submodules and
+    registering them run in Rust with exactly stock semantics. Nothing
+    Python-visible changes: ``type(m).__call__`` is ``torch.nn.Module.__call__``
+    and the registries are the usual dicts, so ``torch.compile``, FX, export and
+    every tool that patches ``torch.nn.Module`` see a stock module. Any case the
+    fast path does not cover (hooks, jit tracing, ``module.compile()``, an
+    overridden ``__call__``/``__getattr__``/``__setattr__``, a patched base
+    class) runs torch's own code.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Slots are per class; CPython recomputes them for each new subclass.
+        _core.install_class(cls)
+
+
+def slots_of(cls: type) -> tuple[bool, bool, bool]:
+    """Which native slots (call, getattr, setattr) ``cls`` carries right now."""
+    return _core.installed(cls)
+
+
+_core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))

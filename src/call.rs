@@ -1,0 +1,174 @@
+//! Calling a module: the decision torch's `_wrapped_call_impl` and
+//! `_call_impl` make, without a Python frame.
+//!
+//! Fast path (no `module.compile()`, not jit-tracing, no PEP 523 evaluator,
+//! all 8 hook dicts empty): call `self.forward` directly, as `_call_impl`
+//! does. Anything else runs torch's own `_wrapped_call_impl`, so hooks,
+//! tracing and compilation behave as stock by construction.
+//!
+//! Two entry points share it: the `tp_call` slot of fastmodule classes, and
+//! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
+//! slot was reset by a patch of `nn.Module.__call__`, or when code calls
+//! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
+use crate::ffi_ext::{_PyType_Lookup, custom_eval_frame};
+use crate::lookup::{call_with_self, hook_dict_len, instance_dict, plain_attr, Plain};
+use crate::state::{globals, Globals};
+use crate::tracing::is_tracing;
+use pyo3::ffi;
+
+enum Decision {
+    Forward,
+    Stock,
+    Error,
+}
+
+#[inline(always)]
+unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
+    matches!(hook_dict_len(h, g.odict), Some(0))
+}
+
+#[inline(always)]
+unsafe fn decide(g: &Globals, tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Decision {
+    if dict.is_null() || custom_eval_frame() {
+        return Decision::Stock;
+    }
+    let n = &g.names;
+    match plain_attr(tp, dict, n.compiled_call_impl) {
+        Plain::Found(v) if v == ffi::Py_None() => {}
+        Plain::Error => return Decision::Error,
+        _ => return Decision::Stock,
+    }
+    match is_tracing(g) {
+        Ok(false) => {}
+        Ok(true) => return Decision::Stock,
+        Err(()) => return Decision::Error,
+    }
+    for &name in &n.instance_hooks {
+        match plain_attr(tp, dict, name) {
+            Plain::Found(h) if empty_hooks(h, g) => {}
+            Plain::Error => return Decision::Error,
+            _ => return Decision::Stock,
+        }
+    }
+    match crate::hooks::global_call_hooks_empty(g) {
+        Ok(true) => Decision::Forward,
+        Ok(false) => Decision::Stock,
+        Err(()) => Decision::Error,
+    }
+}
+
+/// The positional/keyword arguments of the module call, in either calling
+/// convention, so neither path copies them.
+#[derive(Clone, Copy)]
+enum Args {
+    /// `tp_call`: self separately, an args tuple and a kwargs dict (or null).
+    Tuple(*mut ffi::PyObject, *mut ffi::PyObject),
+    /// vectorcall of `_wrapped_call_impl`: `args[0]` is self.
+    Vector(*const *mut ffi::PyObject, usize, *mut ffi::PyObject),
+}
+
+impl Args {
+    /// `func(self, *args, **kwargs)`.
+    unsafe fn call_with_self(
+        self,
+        func: *mut ffi::PyObject,
+        slf: *mut ffi::PyObject,
+    ) -> *mut ffi::PyObject {
+        match self {
+            Args::Tuple(a, k) => call_with_self(func, slf, a, k),
+            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v, n, kw),
+        }
+    }
+    /// `func(*args, **kwargs)`.
+    unsafe fn call(self, func: *mut ffi::PyObject) -> *mut ffi::PyObject {
+        match self {
+            Args::Tuple(a, k) => ffi::PyObject_Call(func, a, k),
+            // No PY_VECTORCALL_ARGUMENTS_OFFSET: the array is our caller's.
+            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
+        }
+    }
+}
+
+/// `self.forward(*args, **kwargs)` with `self.forward` resolved as
+/// `object.__getattribute__` would, but without creating a bound method.
+unsafe fn call_forward(
+    g: &Globals,
+    slf: *mut ffi::PyObject,
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    args: Args,
+) -> *mut ffi::PyObject {
+    let name = g.names.forward;
+    let descr = _PyType_Lookup(tp, name);
+    let data_descr = !descr.is_null() && (*ffi::Py_TYPE(descr)).tp_descr_set.is_some();
+    if !data_descr {
+        let inst = ffi::PyDict_GetItemWithError(dict, name);
+        if !inst.is_null() {
+            ffi::Py_INCREF(inst);
+            let r = args.call(inst);
+            ffi::Py_DECREF(inst);
+            return r;
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return std::ptr::null_mut();
+        }
+        if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
+            // Keep the function alive even if the class attribute is replaced
+            // during the call.
+            ffi::Py_INCREF(descr);
+            let r = args.call_with_self(descr, slf);
+            ffi::Py_DECREF(descr);
+            return r;
+        }
+    }
+    let f = ffi::PyObject_GetAttr(slf, name);
+    if f.is_null() {
+        return f;
+    }
+    let r = args.call(f);
+    ffi::Py_DECREF(f);
+    r
+}
+
+/// The `tp_call` slot.
+pub unsafe extern "C" fn module_call(
+    slf: *mut ffi::PyObject,
+    args: *mut ffi::PyObject,
+    kwargs: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let Some(g) = globals() else {
+        return crate::errors::not_initialised();
+    };
+    let tp = ffi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    match decide(g, tp, dict) {
+        Decision::Forward => call_forward(g, slf, tp, dict, Args::Tuple(args, kwargs)),
+        Decision::Stock => call_with_self(g.orig.call, slf, args, kwargs),
+        Decision::Error => std::ptr::null_mut(),
+    }
+}
+
+/// Native body of `nn.Module._wrapped_call_impl(self, *args, **kwargs)` for a
+/// fastmodule instance; None means "run torch's function".
+pub unsafe fn wrapped_call_impl(
+    g: &Globals,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let slf = *args;
+    let tp = ffi::Py_TYPE(slf);
+    crate::slots::rearm(g, tp);
+    let dict = instance_dict(slf);
+    match decide(g, tp, dict) {
+        Decision::Forward => Some(call_forward(
+            g,
+            slf,
+            tp,
+            dict,
+            Args::Vector(args, nargs, kwnames),
+        )),
+        Decision::Stock => None,
+        Decision::Error => Some(std::ptr::null_mut()),
+    }
+}

@@ -1,0 +1,75 @@
+//! fastmodule's native core: `torch.nn.Module` hot paths in Rust.
+//!
+//! Layout by concern:
+//! - `call`: the module call (`tp_call`),
+//! - `attr`: registered-attribute reads (`tp_getattro`),
+//! - `register`: the bodies of `__setattr__`/`__delattr__` and register_*,
+//! - `methods`: torch's registration functions served through their vectorcall,
+//! - `slots`: installing the C slots on classes (and re-arming them),
+//! - `hooks`: the module-level hook dicts,
+//! - `tracing`: the jit-tracing probe,
+//! - `errors`: torch's exception texts,
+//! - `lookup`, `state`, `ffi_ext`: shared primitives.
+mod attr;
+mod call;
+mod errors;
+mod ffi_ext;
+mod hooks;
+mod lookup;
+mod methods;
+mod register;
+mod slots;
+mod state;
+mod tracing;
+
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// Capture torch's originals, route torch's module functions through their
+/// native vectorcalls, resolve the tracing probe from `libtorch_path`, and
+/// install the slots on `fast_module` itself.
+#[pyfunction]
+fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
+    state::init(py, fast_module)?;
+    tracing::init(libtorch_path);
+    methods::install(py)?;
+    slots::install_class(py, fast_module)?;
+    Ok(())
+}
+
+/// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
+/// Returns which of (call, getattr, setattr) it carries.
+#[pyfunction]
+fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
+    let i = slots::install_class(py, cls)?;
+    Ok((i.call, i.getattr, i.setattr))
+}
+
+/// Which of (call, getattr, setattr) slots `cls` carries right now.
+#[pyfunction]
+fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
+    let i = slots::installed(py, cls)?;
+    Ok((i.call, i.getattr, i.setattr))
+}
+
+/// True while torch's registration functions are served natively.
+#[pyfunction]
+fn serving_registration(py: Python<'_>) -> PyResult<bool> {
+    methods::serving(py)
+}
+
+/// True when jit-tracing is detected through libtorch directly.
+#[pyfunction]
+fn native_tracing_probe() -> bool {
+    tracing::native()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(install_class, m)?)?;
+    m.add_function(wrap_pyfunction!(installed, m)?)?;
+    m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(serving_registration, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! Small primitives shared by the slot implementations: instance `__dict__`
+//! access and "plain" attribute reads that follow `object.__getattribute__`
+//! exactly for the common case and report anything unusual to the caller.
+use crate::ffi_ext::{_PyObject_GetDictPtr, _PyType_Lookup};
+use pyo3::ffi;
+
+/// Outcome of reading an attribute that torch keeps in the instance `__dict__`.
+pub enum Plain {
+    /// Borrowed value, found exactly as `object.__getattribute__` would.
+    Found(*mut ffi::PyObject),
+    /// A descriptor or a miss: only torch's own code can answer exactly.
+    Unusual,
+    /// A Python exception is set.
+    Error,
+}
+
+/// Borrowed instance `__dict__`, or null.
+#[inline(always)]
+pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    let p = _PyObject_GetDictPtr(obj);
+    if p.is_null() {
+        std::ptr::null_mut()
+    } else {
+        *p
+    }
+}
+
+/// `obj.<name>` for a name that is normally an instance attribute.
+#[inline(always)]
+pub unsafe fn plain_attr(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> Plain {
+    let descr = _PyType_Lookup(tp, name);
+    if !descr.is_null() {
+        let dt = ffi::Py_TYPE(descr);
+        if (*dt).tp_descr_get.is_some() || (*dt).tp_descr_set.is_some() {
+            return Plain::Unusual;
+        }
+    }
+    if !dict.is_null() {
+        let v = ffi::PyDict_GetItemWithError(dict, name);
+        if !v.is_null() {
+            return Plain::Found(v);
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return Plain::Error;
+        }
+    }
+    if descr.is_null() {
+        Plain::Unusual
+    } else {
+        Plain::Found(descr)
+    }
+}
+
+/// Borrowed `dict.get(key)` for an exact dict; null when missing or on error
+/// (check `PyErr_Occurred`).
+#[inline(always)]
+pub unsafe fn dict_get(dict: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    if dict.is_null() {
+        return std::ptr::null_mut();
+    }
+    ffi::PyDict_GetItemWithError(dict, key)
+}
+
+#[inline(always)]
+pub unsafe fn is_exact_dict(obj: *mut ffi::PyObject) -> bool {
+    ffi::PyDict_CheckExact(obj) != 0
+}
+
+/// A hook registry whose truth value is its length: `dict` or `OrderedDict`.
+#[inline(always)]
+pub unsafe fn hook_dict_len(
+    obj: *mut ffi::PyObject,
+    odict: *mut ffi::PyTypeObject,
+) -> Option<isize> {
+    let t = ffi::Py_TYPE(obj);
+    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == odict {
+        Some((*(obj as *mut ffi::PyDictObject)).ma_used)
+    } else {
+        None
+    }
+}
+
+/// `func(slf, *args, **kwargs)` without building a new tuple.
+pub unsafe fn call_with_self(
+    func: *mut ffi::PyObject,
+    slf: *mut ffi::PyObject,
+    args: *mut ffi::PyObject,
+    kwargs: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let n = ffi::PyTuple_GET_SIZE(args) as usize;
+    const INLINE: usize = 8;
+    if n < INLINE {
+        let mut buf: [*mut ffi::PyObject; INLINE] = [std::ptr::null_mut(); INLINE];
+        buf[0] = slf;
+        for (i, slot) in buf.iter_mut().enumerate().skip(1).take(n) {
+            *slot = ffi::PyTuple_GET_ITEM(args, (i - 1) as ffi::Py_ssize_t);
+        }
+        ffi::PyObject_VectorcallDict(func, buf.as_ptr(), n + 1, kwargs)
+    } else {
+        let mut v: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + 1);
+        v.push(slf);
+        for i in 0..n {
+            v.push(ffi::PyTuple_GET_ITEM(args, i as ffi::Py_ssize_t));
+        }
+        ffi::PyObject_VectorcallDict(func, v.as_ptr(), n + 1, kwargs)
+    }
+}

@@ -1,0 +1,909 @@
+//! Registration: `Module.__setattr__`, `Module.__delattr__` and the
+//! bodies of `register_parameter`, `register_buffer` and `add_module`, each a
+//! branch-for-branch transcription of `torch.nn.Module`'s Python code with its
+//! exact exception types and texts.
+//!
+//! Every fast path first checks its preconditions without side effects; when
+//! one does not hold (a tensor that is not a Parameter, a registry that is not
+//! an exact dict, a global registration hook, an overridden
+//! `register_parameter`, ...) the whole operation goes to torch's own
+//! function, so partial work is never followed by a hand-over.
+use crate::attr::has_attr;
+use crate::errors::{raise, typename, Part};
+use crate::ffi_ext::_PyType_Lookup;
+use crate::lookup::{dict_get, hook_dict_len, instance_dict, is_exact_dict, plain_attr, Plain};
+use crate::state::Globals;
+use pyo3::ffi;
+
+/// Result of a fast path: done, failed with an exception set, or "let torch do it".
+pub enum Outcome {
+    Done,
+    Error,
+    Stock,
+}
+
+/// How `Module.__setattr__` classifies a value.
+enum Kind {
+    Param,
+    Module,
+    Other,
+    /// Tensors that are not Parameters (`_is_param`, `Buffer`, buffer
+    /// updates) and objects whose `__class__` is not their type.
+    Unusual,
+}
+
+unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
+    let vt = ffi::Py_TYPE(value);
+    // isinstance() consults __class__; only a truthful one allows type checks.
+    if _PyType_Lookup(vt, g.names.dunder_class) != g.orig.object_class {
+        return Kind::Unusual;
+    }
+    if ffi::PyType_IsSubtype(vt, g.parameter) != 0 {
+        Kind::Param
+    } else if ffi::PyType_IsSubtype(vt, g.tensor) != 0 {
+        Kind::Unusual
+    } else if ffi::PyType_IsSubtype(vt, g.nn_module) != 0 {
+        Kind::Module
+    } else {
+        Kind::Other
+    }
+}
+
+/// `isinstance(obj, Parameter)`, honouring `_ParameterMeta.__instancecheck__`.
+unsafe fn is_parameter(g: &Globals, obj: *mut ffi::PyObject) -> Result<bool, ()> {
+    if ffi::PyType_IsSubtype(ffi::Py_TYPE(obj), g.parameter) != 0 {
+        return Ok(true);
+    }
+    match ffi::PyObject_IsInstance(obj, g.parameter as *mut ffi::PyObject) {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(()),
+    }
+}
+
+unsafe fn truth(obj: *mut ffi::PyObject) -> Result<bool, ()> {
+    match ffi::PyObject_IsTrue(obj) {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(()),
+    }
+}
+
+unsafe fn contains(container: *mut ffi::PyObject, item: *mut ffi::PyObject) -> Result<bool, ()> {
+    match ffi::PySequence_Contains(container, item) {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(()),
+    }
+}
+
+/// A borrowed registry attribute that must be an exact dict (or set).
+unsafe fn exact_attr(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    want_set: bool,
+) -> Result<*mut ffi::PyObject, Outcome> {
+    match plain_attr(tp, dict, name) {
+        Plain::Found(v) => {
+            let ok = if want_set {
+                ffi::PySet_CheckExact(v) != 0
+            } else {
+                is_exact_dict(v)
+            };
+            if ok {
+                Ok(v)
+            } else {
+                Err(Outcome::Stock)
+            }
+        }
+        Plain::Unusual => Err(Outcome::Stock),
+        Plain::Error => Err(Outcome::Error),
+    }
+}
+
+/// `remove_from(...)` of `Module.__setattr__` over exact dicts and one set.
+unsafe fn remove_from(
+    dicts: &[*mut ffi::PyObject],
+    set: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> Result<(), ()> {
+    for &d in dicts {
+        match ffi::PyDict_Contains(d, name) {
+            1 => {
+                if ffi::PyDict_DelItem(d, name) < 0 {
+                    return Err(());
+                }
+            }
+            0 => {}
+            _ => return Err(()),
+        }
+    }
+    if ffi::PySet_Discard(set, name) < 0 {
+        return Err(());
+    }
+    Ok(())
+}
+
+/// A global registration-hook dict, or Err(Stock) when it is not plain.
+unsafe fn reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<*mut ffi::PyObject, Outcome> {
+    let h = dict_get(g.module_globals, which);
+    if h.is_null() {
+        return Err(if ffi::PyErr_Occurred().is_null() {
+            Outcome::Stock
+        } else {
+            Outcome::Error
+        });
+    }
+    match hook_dict_len(h, g.odict) {
+        Some(_) => Ok(h),
+        None => Err(Outcome::Stock),
+    }
+}
+
+/// `for hook in hooks.values(): out = hook(self, name, value); value = out or value`.
+/// Returns a new reference to the final value, or null with an exception set.
+unsafe fn run_reg_hooks(
+    g: &Globals,
+    which: *mut ffi::PyObject,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let hooks = match reg_hooks(g, which) {
+        Ok(h) => h,
+        Err(Outcome::Error) => return std::ptr::null_mut(),
+        Err(_) => {
+            ffi::PyErr_SetString(
+                ffi::PyExc_RuntimeError,
+                c"registration hooks are not a dict".as_ptr(),
+            );
+            return std::ptr::null_mut();
+        }
+    };
+    ffi::Py_INCREF(value);
+    let mut value = value;
+    if matches!(hook_dict_len(hooks, g.odict), Some(0)) {
+        return value;
+    }
+    let values = ffi::PyObject_CallMethod(hooks, c"values".as_ptr(), std::ptr::null());
+    let it = if values.is_null() {
+        values
+    } else {
+        ffi::PyObject_GetIter(values)
+    };
+    ffi::Py_XDECREF(values);
+    if it.is_null() {
+        ffi::Py_DECREF(value);
+        return it;
+    }
+    loop {
+        let hook = ffi::PyIter_Next(it);
+        if hook.is_null() {
+            break;
+        }
+        let out = ffi::PyObject_CallFunctionObjArgs(
+            hook,
+            obj,
+            name,
+            value,
+            std::ptr::null_mut::<ffi::PyObject>(),
+        );
+        ffi::Py_DECREF(hook);
+        if out.is_null() {
+            ffi::Py_DECREF(it);
+            ffi::Py_DECREF(value);
+            return out;
+        }
+        if out == ffi::Py_None() {
+            ffi::Py_DECREF(out);
+        } else {
+            ffi::Py_DECREF(value);
+            value = out;
+        }
+    }
+    ffi::Py_DECREF(it);
+    if !ffi::PyErr_Occurred().is_null() {
+        ffi::Py_DECREF(value);
+        return std::ptr::null_mut();
+    }
+    value
+}
+
+fn status(r: *mut ffi::PyObject) -> Outcome {
+    if r.is_null() {
+        Outcome::Error
+    } else {
+        unsafe { ffi::Py_DECREF(r) };
+        Outcome::Done
+    }
+}
+
+/// `KeyError/TypeError` helpers shared by the three register functions.
+unsafe fn raise_typename(
+    g: &Globals,
+    exc: *mut ffi::PyObject,
+    before: &std::ffi::CStr,
+    obj: *mut ffi::PyObject,
+    after: &[Part<'_>],
+) -> Outcome {
+    let t = typename(g, obj);
+    if t.is_null() {
+        return Outcome::Error;
+    }
+    let mut parts = vec![Part::Lit(before), Part::Obj(t)];
+    for p in after {
+        parts.push(match p {
+            Part::Lit(c) => Part::Lit(c),
+            Part::Obj(o) => Part::Obj(*o),
+        });
+    }
+    raise(g, exc, &parts);
+    ffi::Py_DECREF(t);
+    Outcome::Error
+}
+
+/// The name checks shared by register_parameter and register_buffer, in
+/// stock order. `what` is "parameter" or "buffer"; `reg` the registry name.
+unsafe fn check_name(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    dict: *mut ffi::PyObject,
+    reg: *mut ffi::PyObject,
+    msgs: &NameMsgs,
+) -> Outcome {
+    match if dict.is_null() {
+        Ok(false)
+    } else {
+        contains(dict, reg)
+    } {
+        Ok(true) => {}
+        Ok(false) => {
+            ffi::PyErr_SetString(ffi::PyExc_AttributeError, msgs.before_init.as_ptr());
+            return Outcome::Error;
+        }
+        Err(()) => return Outcome::Error,
+    }
+    if ffi::PyUnicode_Check(name) == 0 {
+        return raise_typename(g, ffi::PyExc_TypeError, msgs.not_str, name, &[]);
+    }
+    let dot = ffi::PyUnicode_FromString(c".".as_ptr());
+    if dot.is_null() {
+        return Outcome::Error;
+    }
+    let has_dot = contains(name, dot);
+    ffi::Py_DECREF(dot);
+    match has_dot {
+        Ok(true) => {
+            raise(g, ffi::PyExc_KeyError, &[Part::Lit(msgs.dot)]);
+            return Outcome::Error;
+        }
+        Ok(false) => {}
+        Err(()) => return Outcome::Error,
+    }
+    match ffi::PyObject_RichCompareBool(name, g.names.empty, ffi::Py_EQ) {
+        1 => {
+            raise(g, ffi::PyExc_KeyError, &[Part::Lit(msgs.empty)]);
+            return Outcome::Error;
+        }
+        0 => {}
+        _ => return Outcome::Error,
+    }
+    match already_exists(g, obj, name, reg) {
+        Ok(false) => Outcome::Done,
+        Ok(true) => {
+            raise(
+                g,
+                ffi::PyExc_KeyError,
+                &[
+                    Part::Lit(c"attribute '"),
+                    Part::Obj(name),
+                    Part::Lit(c"' already exists"),
+                ],
+            );
+            Outcome::Error
+        }
+        Err(()) => Outcome::Error,
+    }
+}
+
+struct NameMsgs {
+    before_init: &'static std::ffi::CStr,
+    not_str: &'static std::ffi::CStr,
+    dot: &'static std::ffi::CStr,
+    empty: &'static std::ffi::CStr,
+}
+
+/// `hasattr(self, name) and name not in self.<reg>`.
+unsafe fn already_exists(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    reg: *mut ffi::PyObject,
+) -> Result<bool, ()> {
+    if !has_attr(g, obj, name)? {
+        return Ok(false);
+    }
+    let r = ffi::PyObject_GetAttr(obj, reg);
+    if r.is_null() {
+        return Err(());
+    }
+    let inside = contains(r, name);
+    ffi::Py_DECREF(r);
+    Ok(!inside?)
+}
+
+/// `self.<reg>[name] = value`.
+unsafe fn store(
+    obj: *mut ffi::PyObject,
+    reg: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> Outcome {
+    let r = ffi::PyObject_GetAttr(obj, reg);
+    if r.is_null() {
+        return Outcome::Error;
+    }
+    let rc = ffi::PyObject_SetItem(r, name, value);
+    ffi::Py_DECREF(r);
+    if rc < 0 {
+        Outcome::Error
+    } else {
+        Outcome::Done
+    }
+}
+
+/// Body of `Module.register_parameter(name, param)`.
+pub unsafe fn register_parameter(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    param: *mut ffi::PyObject,
+) -> Outcome {
+    let n = &g.names;
+    let dict = instance_dict(obj);
+    let msgs = NameMsgs {
+        before_init: c"cannot assign parameter before Module.__init__() call",
+        not_str: c"parameter name should be a string. Got ",
+        dot: c"parameter name can't contain \".\"",
+        empty: c"parameter name can't be empty string \"\"",
+    };
+    match check_name(g, obj, name, dict, n.parameters, &msgs) {
+        Outcome::Done => {}
+        other => return other,
+    }
+    if param == ffi::Py_None() {
+        return store(obj, n.parameters, name, param);
+    }
+    match is_parameter(g, param) {
+        Ok(true) => {}
+        Ok(false) => {
+            return raise_typename(
+                g,
+                ffi::PyExc_TypeError,
+                c"cannot assign '",
+                param,
+                &[
+                    Part::Lit(c"' object to parameter '"),
+                    Part::Obj(name),
+                    Part::Lit(c"' (torch.nn.Parameter or None required)"),
+                ],
+            )
+        }
+        Err(()) => return Outcome::Error,
+    }
+    let grad_fn = ffi::PyObject_GetAttr(param, n.grad_fn);
+    if grad_fn.is_null() {
+        return Outcome::Error;
+    }
+    let non_leaf = truth(grad_fn);
+    ffi::Py_DECREF(grad_fn);
+    match non_leaf {
+        Ok(false) => {}
+        Ok(true) => {
+            raise(
+                g,
+                ffi::PyExc_ValueError,
+                &[
+                    Part::Lit(c"Cannot assign non-leaf Tensor to parameter '"),
+                    Part::Obj(name),
+                    Part::Lit(c"'. Model parameters must be created explicitly. To express '"),
+                    Part::Obj(name),
+                    Part::Lit(c"' as a function of another Tensor, compute the value in the forward() method."),
+                ],
+            );
+            return Outcome::Error;
+        }
+        Err(()) => return Outcome::Error,
+    }
+    let value = run_reg_hooks(g, n.global_param_reg_hooks, obj, name, param);
+    if value.is_null() {
+        return Outcome::Error;
+    }
+    let r = store(obj, n.parameters, name, value);
+    ffi::Py_DECREF(value);
+    r
+}
+
+/// Body of `Module.register_buffer(name, tensor, persistent)`.
+pub unsafe fn register_buffer(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    tensor: *mut ffi::PyObject,
+    persistent: *mut ffi::PyObject,
+) -> Outcome {
+    let n = &g.names;
+    if persistent == ffi::Py_False() {
+        match ffi::PyObject_IsInstance(obj, g.script_module) {
+            1 => {
+                ffi::PyErr_SetString(
+                    ffi::PyExc_RuntimeError,
+                    c"ScriptModule does not support non-persistent buffers".as_ptr(),
+                );
+                return Outcome::Error;
+            }
+            0 => {}
+            _ => return Outcome::Error,
+        }
+    }
+    let dict = instance_dict(obj);
+    let msgs = NameMsgs {
+        before_init: c"cannot assign buffer before Module.__init__() call",
+        not_str: c"buffer name should be a string. Got ",
+        dot: c"buffer name can't contain \".\"",
+        empty: c"buffer name can't be empty string \"\"",
+    };
+    match check_name(g, obj, name, dict, n.buffers, &msgs) {
+        Outcome::Done => {}
+        other => return other,
+    }
+    if tensor != ffi::Py_None() {
+        let ok = match ffi::PyObject_IsInstance(tensor, g.tensor as *mut ffi::PyObject) {
+            1 => true,
+            0 => match has_attr_generic(tensor, n.torch_function) {
+                Ok(b) => b,
+                Err(()) => return Outcome::Error,
+            },
+            _ => return Outcome::Error,
+        };
+        if !ok {
+            return raise_typename(
+                g,
+                ffi::PyExc_TypeError,
+                c"cannot assign '",
+                tensor,
+                &[
+                    Part::Lit(c"' object to buffer '"),
+                    Part::Obj(name),
+                    Part::Lit(c"' (torch Tensor or None required)"),
+                ],
+            );
+        }
+    }
+    let value = run_reg_hooks(g, n.global_buffer_reg_hooks, obj, name, tensor);
+    if value.is_null() {
+        return Outcome::Error;
+    }
+    let r = store(obj, n.buffers, name, value);
+    ffi::Py_DECREF(value);
+    if !matches!(r, Outcome::Done) {
+        return r;
+    }
+    let keep = match truth(persistent) {
+        Ok(b) => b,
+        Err(()) => return Outcome::Error,
+    };
+    let set = ffi::PyObject_GetAttr(obj, n.non_persistent);
+    if set.is_null() {
+        return Outcome::Error;
+    }
+    let method: &std::ffi::CStr = if keep { c"discard" } else { c"add" };
+    let r = ffi::PyObject_CallMethod(set, method.as_ptr(), c"O".as_ptr(), name);
+    ffi::Py_DECREF(set);
+    status(r)
+}
+
+/// Body of `Module.add_module(name, module)`.
+pub unsafe fn add_module(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    module: *mut ffi::PyObject,
+) -> Outcome {
+    let n = &g.names;
+    if module != ffi::Py_None() {
+        match ffi::PyObject_IsInstance(module, g.nn_module as *mut ffi::PyObject) {
+            1 => {}
+            0 => {
+                return raise_typename(
+                    g,
+                    ffi::PyExc_TypeError,
+                    c"",
+                    module,
+                    &[Part::Lit(c" is not a Module subclass")],
+                )
+            }
+            _ => return Outcome::Error,
+        }
+    }
+    if ffi::PyUnicode_Check(name) == 0 {
+        return raise_typename(
+            g,
+            ffi::PyExc_TypeError,
+            c"module name should be a string. Got ",
+            name,
+            &[],
+        );
+    }
+    match already_exists(g, obj, name, n.modules) {
+        Ok(false) => {}
+        Ok(true) => {
+            raise(
+                g,
+                ffi::PyExc_KeyError,
+                &[
+                    Part::Lit(c"attribute '"),
+                    Part::Obj(name),
+                    Part::Lit(c"' already exists"),
+                ],
+            );
+            return Outcome::Error;
+        }
+        Err(()) => return Outcome::Error,
+    }
+    let dot = ffi::PyUnicode_FromString(c".".as_ptr());
+    if dot.is_null() {
+        return Outcome::Error;
+    }
+    let has_dot = contains(name, dot);
+    ffi::Py_DECREF(dot);
+    match has_dot {
+        Ok(true) => {
+            raise(
+                g,
+                ffi::PyExc_KeyError,
+                &[
+                    Part::Lit(c"module name can't contain \".\", got: "),
+                    Part::Obj(name),
+                ],
+            );
+            return Outcome::Error;
+        }
+        Ok(false) => {}
+        Err(()) => return Outcome::Error,
+    }
+    match ffi::PyObject_RichCompareBool(name, n.empty, ffi::Py_EQ) {
+        1 => {
+            raise(
+                g,
+                ffi::PyExc_KeyError,
+                &[Part::Lit(c"module name can't be empty string \"\"")],
+            );
+            return Outcome::Error;
+        }
+        0 => {}
+        _ => return Outcome::Error,
+    }
+    let value = run_reg_hooks(g, n.global_module_reg_hooks, obj, name, module);
+    if value.is_null() {
+        return Outcome::Error;
+    }
+    let r = store(obj, n.modules, name, value);
+    ffi::Py_DECREF(value);
+    r
+}
+
+unsafe fn has_attr_generic(obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Result<bool, ()> {
+    let mut out: *mut ffi::PyObject = std::ptr::null_mut();
+    match ffi::compat::PyObject_GetOptionalAttr(obj, name, &mut out) {
+        1 => {
+            ffi::Py_DECREF(out);
+            Ok(true)
+        }
+        0 => Ok(false),
+        _ => Err(()),
+    }
+}
+
+/// Does `self.<method>` resolve to torch's own implementation?
+/// Only then may a fast path run its body natively instead of calling it.
+#[inline(always)]
+pub unsafe fn native_method(
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    orig: *mut ffi::PyObject,
+) -> bool {
+    _PyType_Lookup(ffi::Py_TYPE(obj), name) == orig
+}
+
+/// `self.register_parameter(name, value)` as stock dispatches it.
+unsafe fn dispatch_register_parameter(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+    native: bool,
+) -> Outcome {
+    if native {
+        register_parameter(g, obj, name, value)
+    } else {
+        status(ffi::PyObject_CallMethodObjArgs(
+            obj,
+            g.names.register_parameter,
+            name,
+            value,
+            std::ptr::null_mut::<ffi::PyObject>(),
+        ))
+    }
+}
+
+/// Is a global registration hook dict empty? Err(Stock) when unusual.
+unsafe fn no_reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<bool, Outcome> {
+    let h = reg_hooks(g, which)?;
+    Ok(matches!(hook_dict_len(h, g.odict), Some(0)))
+}
+
+/// `Module.__setattr__(self, name, value)`.
+unsafe fn setattr_fast(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> Outcome {
+    if ffi::PyUnicode_CheckExact(name) == 0 {
+        return Outcome::Stock;
+    }
+    let dict = instance_dict(obj);
+    if dict.is_null() || !is_exact_dict(dict) {
+        return Outcome::Stock;
+    }
+    let tp = ffi::Py_TYPE(obj);
+    let n = &g.names;
+    let kind = classify(g, value);
+    if matches!(kind, Kind::Unusual) {
+        return Outcome::Stock;
+    }
+    let mut params = dict_get(dict, n.parameters);
+    if params.is_null() && !ffi::PyErr_Occurred().is_null() {
+        return Outcome::Error;
+    }
+    if params == ffi::Py_None() {
+        params = std::ptr::null_mut();
+    }
+    if matches!(kind, Kind::Param) {
+        if params.is_null() {
+            ffi::PyErr_SetString(
+                ffi::PyExc_AttributeError,
+                c"cannot assign parameters before Module.__init__() call".as_ptr(),
+            );
+            return Outcome::Error;
+        }
+        let (bufs, mods, np) = match (
+            exact_attr(tp, dict, n.buffers, false),
+            exact_attr(tp, dict, n.modules, false),
+            exact_attr(tp, dict, n.non_persistent, true),
+        ) {
+            (Ok(b), Ok(m), Ok(s)) => (b, m, s),
+            (Err(Outcome::Error), _, _)
+            | (_, Err(Outcome::Error), _)
+            | (_, _, Err(Outcome::Error)) => return Outcome::Error,
+            _ => return Outcome::Stock,
+        };
+        let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
+        if native {
+            match no_reg_hooks(g, n.global_param_reg_hooks) {
+                Ok(true) => {}
+                Ok(false) => return Outcome::Stock,
+                Err(o) => return o,
+            }
+        }
+        if remove_from(&[dict, bufs, mods], np, name).is_err() {
+            return Outcome::Error;
+        }
+        return dispatch_register_parameter(g, obj, name, value, native);
+    }
+    if !params.is_null() {
+        if !is_exact_dict(params) {
+            return Outcome::Stock;
+        }
+        match ffi::PyDict_Contains(params, name) {
+            1 => {
+                if value != ffi::Py_None() {
+                    return raise_typename(
+                        g,
+                        ffi::PyExc_TypeError,
+                        c"cannot assign '",
+                        value,
+                        &[
+                            Part::Lit(c"' as parameter '"),
+                            Part::Obj(name),
+                            Part::Lit(c"' (torch.nn.Parameter or None expected)"),
+                        ],
+                    );
+                }
+                let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
+                return dispatch_register_parameter(g, obj, name, value, native);
+            }
+            0 => {}
+            _ => return Outcome::Error,
+        }
+    }
+    let mut modules = dict_get(dict, n.modules);
+    if modules.is_null() && !ffi::PyErr_Occurred().is_null() {
+        return Outcome::Error;
+    }
+    if modules == ffi::Py_None() {
+        modules = std::ptr::null_mut();
+    }
+    if !modules.is_null() && !is_exact_dict(modules) {
+        return Outcome::Stock;
+    }
+    if matches!(kind, Kind::Module) {
+        if modules.is_null() {
+            ffi::PyErr_SetString(
+                ffi::PyExc_AttributeError,
+                c"cannot assign module before Module.__init__() call".as_ptr(),
+            );
+            return Outcome::Error;
+        }
+        let (ps, bufs, np) = match (
+            exact_attr(tp, dict, n.parameters, false),
+            exact_attr(tp, dict, n.buffers, false),
+            exact_attr(tp, dict, n.non_persistent, true),
+        ) {
+            (Ok(p), Ok(b), Ok(s)) => (p, b, s),
+            (Err(Outcome::Error), _, _)
+            | (_, Err(Outcome::Error), _)
+            | (_, _, Err(Outcome::Error)) => return Outcome::Error,
+            _ => return Outcome::Stock,
+        };
+        match no_reg_hooks(g, n.global_module_reg_hooks) {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Stock,
+            Err(o) => return o,
+        }
+        if remove_from(&[dict, ps, bufs], np, name).is_err() {
+            return Outcome::Error;
+        }
+        return if ffi::PyDict_SetItem(modules, name, value) < 0 {
+            Outcome::Error
+        } else {
+            Outcome::Done
+        };
+    }
+    if !modules.is_null() {
+        match ffi::PyDict_Contains(modules, name) {
+            1 => {
+                if value != ffi::Py_None() {
+                    return raise_typename(
+                        g,
+                        ffi::PyExc_TypeError,
+                        c"cannot assign '",
+                        value,
+                        &[
+                            Part::Lit(c"' as child module '"),
+                            Part::Obj(name),
+                            Part::Lit(c"' (torch.nn.Module or None expected)"),
+                        ],
+                    );
+                }
+                match no_reg_hooks(g, n.global_module_reg_hooks) {
+                    Ok(true) => {}
+                    Ok(false) => return Outcome::Stock,
+                    Err(o) => return o,
+                }
+                return if ffi::PyDict_SetItem(modules, name, value) < 0 {
+                    Outcome::Error
+                } else {
+                    Outcome::Done
+                };
+            }
+            0 => {}
+            _ => return Outcome::Error,
+        }
+    }
+    let buffers = dict_get(dict, n.buffers);
+    if buffers.is_null() && !ffi::PyErr_Occurred().is_null() {
+        return Outcome::Error;
+    }
+    if !buffers.is_null() && buffers != ffi::Py_None() {
+        if !is_exact_dict(buffers) {
+            return Outcome::Stock;
+        }
+        match ffi::PyDict_Contains(buffers, name) {
+            // A buffer slot: torch's type check and register_buffer dispatch.
+            1 => return Outcome::Stock,
+            0 => {}
+            _ => return Outcome::Error,
+        }
+    }
+    if ffi::PyObject_GenericSetAttr(obj, name, value) < 0 {
+        Outcome::Error
+    } else {
+        Outcome::Done
+    }
+}
+
+/// `Module.__delattr__(self, name)`.
+unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Outcome {
+    if ffi::PyUnicode_CheckExact(name) == 0 {
+        return Outcome::Stock;
+    }
+    let dict = instance_dict(obj);
+    if dict.is_null() {
+        return Outcome::Stock;
+    }
+    let tp = ffi::Py_TYPE(obj);
+    let n = &g.names;
+    let (ps, bufs, mods, np) = match (
+        exact_attr(tp, dict, n.parameters, false),
+        exact_attr(tp, dict, n.buffers, false),
+        exact_attr(tp, dict, n.modules, false),
+        exact_attr(tp, dict, n.non_persistent, true),
+    ) {
+        (Ok(p), Ok(b), Ok(m), Ok(s)) => (p, b, m, s),
+        (Err(Outcome::Error), _, _, _)
+        | (_, Err(Outcome::Error), _, _)
+        | (_, _, Err(Outcome::Error), _)
+        | (_, _, _, Err(Outcome::Error)) => return Outcome::Error,
+        _ => return Outcome::Stock,
+    };
+    for (reg, is_buf) in [(ps, false), (bufs, true), (mods, false)] {
+        match ffi::PyDict_Contains(reg, name) {
+            1 => {
+                if ffi::PyDict_DelItem(reg, name) < 0 {
+                    return Outcome::Error;
+                }
+                if is_buf && ffi::PySet_Discard(np, name) < 0 {
+                    return Outcome::Error;
+                }
+                return Outcome::Done;
+            }
+            0 => {}
+            _ => return Outcome::Error,
+        }
+    }
+    if ffi::PyObject_GenericSetAttr(obj, name, std::ptr::null_mut()) < 0 {
+        Outcome::Error
+    } else {
+        Outcome::Done
+    }
+}
+
+/// Is `obj` an instance of a fastmodule class whose MRO puts only `object`
+/// after `torch.nn.Module` (so stock's `super().__setattr__` is
+/// `object.__setattr__`)? Only such instances take the native paths; every
+/// other module keeps running torch's Python code.
+#[inline(always)]
+pub unsafe fn is_fast_instance(g: &Globals, obj: *mut ffi::PyObject) -> bool {
+    let tp = ffi::Py_TYPE(obj);
+    if ffi::PyType_IsSubtype(tp, g.fast_module) == 0 {
+        return false;
+    }
+    let mro = (*tp).tp_mro;
+    if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
+        return false;
+    }
+    let n = ffi::PyTuple_GET_SIZE(mro);
+    n >= 2
+        && ffi::PyTuple_GET_ITEM(mro, n - 2) == g.nn_module as *mut ffi::PyObject
+        && ffi::PyTuple_GET_ITEM(mro, n - 1)
+            == std::ptr::addr_of_mut!(ffi::PyBaseObject_Type) as *mut ffi::PyObject
+}
+
+/// Native `Module.__setattr__(self, name, value)` / `Module.__delattr__(self,
+/// name)` for a fast instance; Stock means "run torch's function".
+pub unsafe fn setattr_native(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> Outcome {
+    if value.is_null() {
+        delattr_fast(g, obj, name)
+    } else {
+        setattr_fast(g, obj, name, value)
+    }
+}

@@ -1,0 +1,104 @@
+//! Giving classes fastmodule's C slots.
+//!
+//! Nothing Python-visible changes on a class: `type(m).__call__` is still
+//! `nn.Module.__call__` (what Dynamo, FX and export test for); only the C
+//! slots `tp_call` and `tp_getattro` point at Rust. A slot is installed only
+//! while the class's MRO resolves the matching dunders to torch's originals.
+//!
+//! CPython recomputes a class's slots whenever a dunder is assigned on it or
+//! on a base (FX and export do so on `nn.Module` for every trace), so while a
+//! patch is in place the class runs the patched Python code. Once the patch is
+//! undone, the next call or registry read reaches torch's original function,
+//! whose vectorcall is ours (see `methods`): it calls `rearm`, which puts the
+//! slot back. No global hook on `type` is needed.
+//!
+//! `__setattr__`/`__delattr__` get no slot: CPython's `object.__setattr__`
+//! (which `nn.Module.__init__` calls) refuses instances whose type has a C
+//! `tp_setattro`. They are served through torch's function objects instead.
+use crate::attr::module_getattro;
+use crate::call::module_call;
+use crate::ffi_ext::_PyType_Lookup;
+use crate::state::{require, Globals};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// Is a slot exactly `f`? (Our functions are distinct, non-merged symbols.)
+macro_rules! is_fn {
+    ($slot:expr, $f:expr) => {
+        matches!($slot, Some(s) if std::ptr::fn_addr_eq(s, $f))
+    };
+}
+pub(crate) use is_fn;
+
+/// Which native paths a class uses now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Installed {
+    pub call: bool,
+    pub getattr: bool,
+    /// `__setattr__`/`__delattr__` resolve to torch's (natively served) functions.
+    pub setattr: bool,
+}
+
+#[inline(always)]
+unsafe fn resolves_to(
+    tp: *mut ffi::PyTypeObject,
+    name: *mut ffi::PyObject,
+    want: *mut ffi::PyObject,
+) -> bool {
+    _PyType_Lookup(tp, name) == want
+}
+
+#[inline(always)]
+unsafe fn call_ok(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
+    resolves_to(tp, g.names.dunder_call, g.orig.call)
+}
+
+#[inline(always)]
+unsafe fn getattr_ok(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
+    resolves_to(tp, g.names.dunder_getattr, g.orig.getattr)
+        && resolves_to(tp, g.names.dunder_getattribute, g.orig.object_getattribute)
+}
+
+/// Install whichever slots `tp`'s MRO allows and that are not in place.
+#[inline(always)]
+pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
+    if !is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) && call_ok(g, tp) {
+        (*tp).tp_call = Some(module_call);
+    }
+    if !is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) && getattr_ok(g, tp) {
+        (*tp).tp_getattro = Some(module_getattro);
+    }
+}
+
+/// Which native paths `tp` uses now.
+pub unsafe fn current(g: &Globals, tp: *mut ffi::PyTypeObject) -> Installed {
+    Installed {
+        call: is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc),
+        getattr: is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc),
+        setattr: resolves_to(tp, g.names.dunder_setattr, g.orig.setattr)
+            && resolves_to(tp, g.names.dunder_delattr, g.orig.delattr),
+    }
+}
+
+/// Install on `cls`, which must derive from `fastmodule.Module`.
+pub fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
+    let g = require(py)?;
+    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
+    if unsafe { ffi::PyType_IsSubtype(tp, g.fast_module) } == 0 {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{} is not a subclass of fastmodule.Module",
+            cls.name()?
+        )));
+    }
+    unsafe {
+        rearm(g, tp);
+        Ok(current(g, tp))
+    }
+}
+
+/// Which native paths `cls` uses now.
+pub fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
+    let g = require(py)?;
+    Ok(unsafe { current(g, cls.as_ptr() as *mut ffi::PyTypeObject) })
+}
