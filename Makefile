@@ -1,0 +1,52 @@
+# fastmodule developer tasks. Everything runs in ./.venv, created on first use
+# with access to the system site-packages (so an installed torch is reused;
+# on a fresh machine torch is installed into the venv once).
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+.PHONY: setup build-dev build-prod test bench lint wheels check-wheels clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VPY) -m pip install -q "maturin>=1.5,<2" "torch>=2.11,<3" \
+		"pytest>=8" "pytest-benchmark>=4" "hypothesis>=6" numpy "ruff>=0.5"
+	touch $@
+
+setup: $(VENV)/.ready
+
+build-dev: setup
+	$(VPY) -m maturin develop
+
+build-prod: setup
+	$(VPY) -m maturin develop --release
+
+test: build-prod
+	$(VPY) -m pytest tests -q -p no:cacheprovider
+
+bench: build-prod
+	$(VPY) -m fastmodule bench
+
+bench-pytest: build-prod
+	$(VPY) -m pytest benches --benchmark-only -q
+
+lint: setup
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+
+# Release wheels for CPython 3.11 and 3.12 (x86_64 manylinux), then install
+# each into a clean venv and import it.
+wheels:
+	rm -rf dist
+	$(VPY) -m maturin build --release --out dist \
+		--interpreter $(shell command -v python3.11) $(shell command -v python3.12)
+	$(MAKE) check-wheels
+
+check-wheels:
+	bash scripts/check_wheels.sh dist
+
+clean:
+	rm -rf target dist $(VENV) python/fastmodule/*.so

@@ -1,0 +1,75 @@
+"""Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastmodule`` argument parser (one subcommand: ``bench``)."""
+    parser = argparse.ArgumentParser(prog="fastmodule", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = sub.add_parser(
+        "bench",
+        help="time fastmodule.Module against stock torch.nn.Module",
+        description="Time module call, attribute reads and registration on stock "
+        "torch.nn.Module, fastmodule.Module and a lower bound without module machinery.",
+    )
+    bench.add_argument("--quick", action="store_true", help="fewer repeats, shorter loops")
+    bench.add_argument(
+        "--only", nargs="+", action="extend", metavar="NAME", help="run only these cases"
+    )
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="for mlp64")
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the ``bench`` subcommand; returns the exit status."""
+    import torch
+
+    from fastmodule.bench import DEFAULT, QUICK, case_names, get_case, run_case
+    from fastmodule.bench.report import collect_meta, format_header, format_table, write_json
+
+    known = case_names()
+    names = list(dict.fromkeys(args.only)) if args.only else known
+    for name in names:
+        if name not in known:
+            return _error(f"unknown case {name!r} (known: {', '.join(known)})")
+    if args.threads < 1:
+        return _error(f"--threads must be at least 1, got {args.threads}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _error("--device cuda requested but torch.cuda.is_available() is False")
+
+    torch.set_num_threads(args.threads)
+    settings = QUICK if args.quick else DEFAULT
+    meta = collect_meta(args.threads, args.device, settings, args.quick)
+    print(format_header(meta), end="\n\n", flush=True)
+    results = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
+        results.append(run_case(get_case(name), torch.device(args.device), settings))
+    print(format_table(results))
+    if args.json:
+        write_json(args.json, meta, results)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m fastmodule`` and the ``fastmodule`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return run_bench(args)
+    return 2  # unreachable: argparse requires a known subcommand
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

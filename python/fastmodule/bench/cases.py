@@ -1,0 +1,281 @@
+"""Benchmark cases: the same work on stock ``torch.nn.Module``, on ``fastmodule.Module``
+and without module machinery (the lower bound).
+
+Every case builds three :class:`Variant` objects. A variant is a statement plus the
+namespace it runs in, so the runner can time it in a tight compiled loop
+(``timeit``) and pytest-benchmark can turn it into a plain callable.
+
+The stock and fast classes of each pair are built by :func:`_pair` from the *same*
+function objects, so the only difference between the two columns is the base class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastmodule
+
+__all__ = [
+    "CASES",
+    "KINDS",
+    "Case",
+    "Variant",
+    "case_names",
+    "get_case",
+]
+
+#: The three columns of every case, in the order they are timed.
+KINDS: tuple[str, ...] = ("stock", "fast", "lower")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One side of a case: ``stmt`` executed with ``namespace`` as globals."""
+
+    stmt: str
+    namespace: dict[str, Any]
+    #: Context entered around the whole timed loop (e.g. ``torch.inference_mode``).
+    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    #: Called before each clock read (e.g. ``torch.cuda.synchronize``); ``None`` for CPU.
+    sync: Callable[[], None] | None = None
+
+    def as_callable(self) -> Callable[[], None]:
+        """Compile ``stmt`` into a zero-argument function (for pytest-benchmark)."""
+        ns = dict(self.namespace)
+        exec(compile(f"def _op():\n    {self.stmt}\n", "<bench>", "exec"), ns)
+        return ns["_op"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named benchmark: ``build(device)`` returns ``{"stock", "fast", "lower"}`` variants."""
+
+    name: str
+    description: str
+    build: Callable[[torch.device], dict[str, Variant]] = field(repr=False)
+    #: Whether the case honours ``--device`` (only ``mlp64`` does).
+    uses_device: bool = False
+
+
+class Plain:
+    """A plain Python object: the lower bound for attribute reads and writes."""
+
+
+def _pair(
+    name: str, body: dict[str, Any], **per_side: tuple[Any, Any]
+) -> tuple[type[nn.Module], type[nn.Module]]:
+    """Build ``Stock<name>`` and ``Fast<name>`` sharing the very same methods.
+
+    ``per_side`` maps class attributes to a ``(stock_value, fast_value)`` pair.
+    """
+    classes = []
+    for i, (prefix, base) in enumerate((("Stock", nn.Module), ("Fast", fastmodule.Module))):
+        ns = {"__module__": __name__, **body, **{k: v[i] for k, v in per_side.items()}}
+        classes.append(type(f"{prefix}{name}", (base,), ns))
+    return classes[0], classes[1]
+
+
+def _identity_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _kwargs_forward(
+    self: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None
+) -> torch.Tensor:
+    return x
+
+
+def _leaf_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.weight = nn.Parameter(torch.zeros(4))
+
+
+def _parent_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.child = type(self).leaf_cls()
+    self.weight = nn.Parameter(torch.zeros(4))
+
+
+def _block_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.lin = nn.Linear(32, 32)
+
+
+def _block_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.relu(self.lin(x))
+
+
+def _mlp_init(self: nn.Module, depth: int = 64) -> None:
+    nn.Module.__init__(self)
+    self.blocks = nn.ModuleList(type(self).block_cls() for _ in range(depth))
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    for block in self.blocks:
+        x = block(x)
+    return x
+
+
+StockIdentity, FastIdentity = _pair("Identity", {"forward": _identity_forward})
+StockKwargs, FastKwargs = _pair("Kwargs", {"forward": _kwargs_forward})
+StockLeaf, FastLeaf = _pair("Leaf", {"__init__": _leaf_init, "forward": _identity_forward})
+StockParent, FastParent = _pair(
+    "Parent",
+    {"__init__": _parent_init, "forward": _identity_forward},
+    leaf_cls=(StockLeaf, FastLeaf),
+)
+StockBlock, FastBlock = _pair("Block", {"__init__": _block_init, "forward": _block_forward})
+StockMLP, FastMLP = _pair(
+    "MLP", {"__init__": _mlp_init, "forward": _mlp_forward}, block_cls=(StockBlock, FastBlock)
+)
+
+
+def _three(stock: Variant, fast: Variant, lower: Variant) -> dict[str, Variant]:
+    """Bundle the three variants, running each once so timing starts in steady state."""
+    variants = {"stock": stock, "fast": fast, "lower": lower}
+    for v in variants.values():
+        with v.context():
+            v.as_callable()()
+    return variants
+
+
+def _build_call(device: torch.device) -> dict[str, Variant]:
+    x = torch.zeros(1)
+    stock, fast = StockIdentity(), FastIdentity()
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}),
+        Variant("m(x)", {"m": fast, "x": x}),
+        Variant("m.forward(x)", {"m": stock, "x": x}),
+    )
+
+
+def _build_call_kwargs(device: torch.device) -> dict[str, Variant]:
+    x, y = torch.zeros(1), torch.zeros(1)
+    stock, fast = StockKwargs(), FastKwargs()
+    return _three(
+        Variant("m(x, y=y)", {"m": stock, "x": x, "y": y}),
+        Variant("m(x, y=y)", {"m": fast, "x": x, "y": y}),
+        Variant("m.forward(x, y=y)", {"m": stock, "x": x, "y": y}),
+    )
+
+
+def _plain_object() -> Plain:
+    obj = Plain()
+    obj.plain = torch.zeros(4)
+    obj.child = Plain()
+    obj.child.plain = obj.plain
+    return obj
+
+
+def _getattr_builder(stmt: str, lower_stmt: str) -> Callable[[torch.device], dict[str, Variant]]:
+    def build(device: torch.device) -> dict[str, Variant]:
+        return _three(
+            Variant(stmt, {"parent": StockParent()}),
+            Variant(stmt, {"parent": FastParent()}),
+            Variant(lower_stmt, {"obj": _plain_object()}),
+        )
+
+    return build
+
+
+def _setattr_builder(
+    stmt: str, lower_stmt: str, value: Callable[[], Any]
+) -> Callable[[torch.device], dict[str, Variant]]:
+    def build(device: torch.device) -> dict[str, Variant]:
+        v = value()
+        return _three(
+            Variant(stmt, {"m": StockIdentity(), "v": v}),
+            Variant(stmt, {"m": FastIdentity(), "v": v}),
+            Variant(lower_stmt, {"obj": Plain(), "v": v}),
+        )
+
+    return build
+
+
+def mlp_lower(x: torch.Tensor, params: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The MLP without modules: ``relu(linear(x, w, b))`` over pre-extracted weights."""
+    for w, b in params:
+        x = F.relu(F.linear(x, w, b))
+    return x
+
+
+def _build_mlp64(device: torch.device) -> dict[str, Variant]:
+    torch.manual_seed(0)
+    stock = StockMLP().to(device)
+    fast = FastMLP().to(device)
+    fast.load_state_dict(stock.state_dict())
+    params = [(b.lin.weight.detach(), b.lin.bias.detach()) for b in stock.blocks]
+    x = torch.randn(1, 32, device=device)
+    with torch.inference_mode():
+        ref = stock(x)
+        if not (torch.allclose(ref, fast(x)) and torch.allclose(ref, mlp_lower(x, params))):
+            raise RuntimeError("mlp64: stock, fast and lower bound disagree")
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    ctx = torch.inference_mode
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}, ctx, sync),
+        Variant("m(x)", {"m": fast, "x": x}, ctx, sync),
+        Variant("f(x, p)", {"f": mlp_lower, "x": x, "p": params}, ctx, sync),
+    )
+
+
+CASES: tuple[Case, ...] = (
+    Case("call", "m(x), forward returns x", _build_call),
+    Case("call_kwargs", "m(x, y=y)", _build_call_kwargs),
+    Case(
+        "getattr_submodule",
+        "parent.child (registered submodule)",
+        _getattr_builder("parent.child", "obj.plain"),
+    ),
+    Case(
+        "getattr_parameter",
+        "parent.weight (registered nn.Parameter)",
+        _getattr_builder("parent.weight", "obj.plain"),
+    ),
+    Case(
+        "getattr_nested",
+        "parent.child.weight",
+        _getattr_builder("parent.child.weight", "obj.child.plain"),
+    ),
+    Case(
+        "setattr_parameter",
+        "m.w = p (same nn.Parameter, re-assigned)",
+        _setattr_builder("m.w = v", "obj.w = v", lambda: nn.Parameter(torch.zeros(4))),
+    ),
+    Case(
+        "setattr_module",
+        "m.sub = sub_module (re-assigned)",
+        _setattr_builder("m.sub = v", "obj.sub = v", StockIdentity),
+    ),
+    Case(
+        "setattr_plain",
+        "m.count = 1 (plain attribute)",
+        _setattr_builder("m.count = v", "obj.count = v", lambda: 1),
+    ),
+    Case(
+        "mlp64",
+        "64 x (Linear(32,32) + ReLU), batch 1, inference_mode",
+        _build_mlp64,
+        uses_device=True,
+    ),
+)
+
+
+def case_names() -> list[str]:
+    """Names of all cases, in run order."""
+    return [c.name for c in CASES]
+
+
+def get_case(name: str) -> Case:
+    """Look a case up by name; raises ``KeyError`` if unknown."""
+    for case in CASES:
+        if case.name == name:
+            return case
+    raise KeyError(name)

@@ -1,0 +1,41 @@
+"""Shared fixtures: every behaviour test runs on stock torch.nn.Module and on fastmodule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import fastmodule
+
+BASES = [torch.nn.Module, fastmodule.Module]
+IDS = ["stock", "fast"]
+
+
+@pytest.fixture(params=BASES, ids=IDS)
+def base(request: pytest.FixtureRequest) -> type[torch.nn.Module]:
+    """The module base class under test."""
+    return request.param
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[Any, ...]:
+    """Run ``fn`` and describe what happened: its value or its exception type and text."""
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 - the exception *is* the result under test
+        return ("raised", type(e), str(e))
+
+
+def state(m: torch.nn.Module) -> dict[str, Any]:
+    """Registries and plain attributes of one module, by name and identity."""
+    d = m.__dict__
+    plain = {k: v for k, v in d.items() if not k.startswith("_") and k != "training"}
+    return {
+        "params": {k: id(v) if v is not None else None for k, v in d["_parameters"].items()},
+        "buffers": {k: id(v) if v is not None else None for k, v in d["_buffers"].items()},
+        "modules": {k: id(v) if v is not None else None for k, v in d["_modules"].items()},
+        "non_persistent": set(d["_non_persistent_buffers_set"]),
+        "plain": {k: id(v) for k, v in plain.items()},
+    }

@@ -1,0 +1,68 @@
+"""The ``python -m fastmodule bench`` command line, run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastmodule.bench import KINDS, case_names
+
+
+def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fastmodule", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_quick_json_has_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _bench("--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["meta"]["torch"] == torch.__version__
+    assert data["meta"]["threads"] == 1
+    results = {r["case"]: r for r in data["results"]}
+    assert list(results) == case_names()
+    for name, result in results.items():
+        assert result["unit"] == "ns"
+        for kind in KINDS:
+            stats = result[kind]
+            for key in ("median", "min", "max"):
+                value = stats[key]
+                assert isinstance(value, int | float) and math.isfinite(value), (name, kind, key)
+                assert value > 0, (name, kind, key)
+            assert stats["min"] <= stats["median"] <= stats["max"], (name, kind)
+    # The table went to stdout, one row per case.
+    for name in case_names():
+        assert any(line.startswith(name + " ") for line in proc.stdout.splitlines()), name
+
+
+def test_only_runs_the_named_case(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _bench("--quick", "--only", "getattr_parameter", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["case"] for r in data["results"]] == ["getattr_parameter"]
+
+
+def test_unknown_case_is_an_error() -> None:
+    proc = _bench("--only", "nosuchcase", timeout=60)
+    assert proc.returncode != 0
+    assert "nosuchcase" in proc.stderr
+
+
+def test_cuda_unavailable_is_an_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = _bench("--quick", "--device", "cuda", timeout=60)
+    assert proc.returncode != 0
+    assert "cuda" in proc.stderr.lower()

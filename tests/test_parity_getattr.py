@@ -1,0 +1,109 @@
+"""Registered-attribute reads: lookup order and AttributeError texts vs stock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import BASES, outcome
+
+
+def build(base: type[nn.Module]) -> nn.Module:
+    class Holder(base):  # type: ignore[misc, valid-type]
+        klass = "class-attr"
+
+        @property
+        def prop(self) -> str:
+            return "property"
+
+        @property
+        def broken(self) -> Any:
+            raise AttributeError("from property")
+
+        @property
+        def failing(self) -> Any:
+            raise RuntimeError("not an attribute error")
+
+    m = Holder()
+    m.p = nn.Parameter(torch.zeros(1))
+    m.register_buffer("b", torch.ones(1))
+    m.c = nn.Identity()
+    m.plain = 7
+    m.register_parameter("none_param", None)
+    return m
+
+
+NAMES = ["p", "b", "c", "plain", "klass", "prop", "broken", "failing", "missing", "none_param",
+         "forward", "training", "_parameters", "__class__", "", "a.b", "é"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_match(name: str) -> None:
+    results = []
+    for b in BASES:
+        m = build(b)
+        r = outcome(lambda m=m: getattr(m, name))
+        if r[0] == "ok":
+            v = r[1]
+            r = ("ok", type(v).__name__, v if isinstance(v, (int, str, bool)) else None)
+        results.append((r, outcome(lambda m=m: hasattr(m, name))))
+    assert results[0] == results[1]
+
+
+def test_lookup_order_parameters_buffers_modules(base: type[nn.Module]) -> None:
+    m = base()
+    p, t, s = nn.Parameter(torch.zeros(1)), torch.ones(1), nn.Identity()
+    m._modules["x"] = s
+    assert m.x is s
+    m._buffers["x"] = t
+    assert m.x is t
+    m._parameters["x"] = p
+    assert m.x is p
+    m.__dict__["x"] = "instance"
+    assert m.x == "instance"
+
+
+def test_error_text_uses_class_name(base: type[nn.Module]) -> None:
+    class Some(base):  # type: ignore[misc, valid-type]
+        pass
+
+    with pytest.raises(AttributeError, match="^'Some' object has no attribute 'nope'$") as ei:
+        Some().nope
+    assert ei.value.args == ("'Some' object has no attribute 'nope'",)
+
+
+def test_missing_registries_before_init() -> None:
+    results = []
+    for b in BASES:
+
+        class NoInit(b):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                pass
+
+        m = NoInit()
+        results.append([outcome(lambda m=m: m.anything), outcome(lambda m=m: m._parameters)])
+    assert results[0] == results[1]
+
+
+def test_registry_replaced_by_non_dict(base: type[nn.Module]) -> None:
+    class Weird(dict):
+        def __contains__(self, key: object) -> bool:
+            return key == "magic"
+
+        def __getitem__(self, key: Any) -> Any:
+            return "from-weird"
+
+    m = base()
+    m.__dict__["_parameters"] = Weird()
+    assert m.magic == "from-weird"
+    assert outcome(lambda: m.other)[0] == "raised"
+
+
+def test_nested_reads(base: type[nn.Module]) -> None:
+    outer = base()
+    outer.inner = base()
+    outer.inner.w = nn.Parameter(torch.full((1,), 3.0))
+    assert outer.inner.w.item() == 3.0

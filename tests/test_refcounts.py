@@ -1,0 +1,105 @@
+"""Reference counts and memory stay flat over many native operations."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tracemalloc
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+import fastmodule
+
+
+class Net(fastmodule.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.w = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x: Any, k: int = 0) -> Any:
+        return x
+
+
+def test_refcounts_flat_over_many_calls() -> None:
+    m = Net()
+    x = object()
+    p = nn.Parameter(torch.zeros(1))
+    sub = nn.Identity()
+    before = (sys.getrefcount(m), sys.getrefcount(x), sys.getrefcount(p), sys.getrefcount(sub))
+    for _ in range(20000):
+        m(x)
+        m(x, k=1)
+        m.forward(x)
+        m.lin
+        m.w
+        try:
+            m.missing
+        except AttributeError:
+            pass
+        m.p = p
+        del m.p
+        m.s = sub
+        del m.s
+        m.plain = x
+        del m.plain
+        m.register_buffer("b", None)
+        del m.b
+    after = (sys.getrefcount(m), sys.getrefcount(x), sys.getrefcount(p), sys.getrefcount(sub))
+    assert before == after
+
+
+def test_no_memory_growth() -> None:
+    m = Net()
+    x = torch.zeros(1)
+    for _ in range(1000):
+        m(x)
+        m.lin
+    gc.collect()
+    tracemalloc.start()
+    snap1 = tracemalloc.take_snapshot()
+    for _ in range(50000):
+        m(x)
+        m.lin
+        m.w = m.w
+        try:
+            m.missing
+        except AttributeError:
+            pass
+    gc.collect()
+    snap2 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(s.size_diff for s in snap2.compare_to(snap1, "filename"))
+    assert growth < 64 * 1024, growth
+
+
+def test_cycles_are_collected() -> None:
+    class Cyc(fastmodule.Module):
+        def forward(self) -> Any:
+            return self
+
+    m = Cyc()
+    m.child = Cyc()
+    m.child.back = [m]
+    m()
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None
+
+
+def test_classes_are_collected() -> None:
+    def make() -> type:
+        class Temp(fastmodule.Module):
+            def forward(self) -> int:
+                return 1
+
+        Temp()()
+        return Temp
+
+    ref = weakref.ref(make())
+    gc.collect()
+    assert ref() is None
