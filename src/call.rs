@@ -27,8 +27,18 @@ unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
     matches!(hook_dict_len(h, g.odict), Some(0))
 }
 
+/// What `decide` found, for the call cache.
+struct Found {
+    hooks: [*mut ffi::PyObject; 4],
+}
+
 #[inline(always)]
-unsafe fn decide(g: &Globals, tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Decision {
+unsafe fn decide(
+    g: &Globals,
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    found: &mut Found,
+) -> Decision {
     if dict.is_null() || custom_eval_frame() {
         return Decision::Stock;
     }
@@ -43,11 +53,35 @@ unsafe fn decide(g: &Globals, tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObje
         Ok(true) => return Decision::Stock,
         Err(()) => return Decision::Error,
     }
-    for &name in &n.instance_hooks {
+    for (slot, &name) in found.hooks.iter_mut().zip(n.instance_hooks.iter()) {
         match plain_attr(tp, dict, name) {
-            Plain::Found(h) if empty_hooks(h, g) => {}
+            Plain::Found(h) if empty_hooks(h, g) => *slot = h,
             Plain::Error => return Decision::Error,
             _ => return Decision::Stock,
+        }
+    }
+    match crate::hooks::global_call_hooks_empty(g) {
+        Ok(true) => Decision::Forward,
+        Ok(false) => Decision::Stock,
+        Err(()) => Decision::Error,
+    }
+}
+
+/// The checks of `decide` that read live state, for a call whose instance
+/// `__dict__` and class are unchanged since `decide` last ran on them.
+#[inline(always)]
+unsafe fn decide_cached(g: &Globals, e: &crate::callcache::Entry) -> Decision {
+    if custom_eval_frame() {
+        return Decision::Stock;
+    }
+    match is_tracing(g) {
+        Ok(false) => {}
+        Ok(true) => return Decision::Stock,
+        Err(()) => return Decision::Error,
+    }
+    for &h in &e.hooks {
+        if !empty_hooks(h, g) {
+            return Decision::Stock;
         }
     }
     match crate::hooks::global_call_hooks_empty(g) {
@@ -97,6 +131,7 @@ unsafe fn call_forward(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
     args: Args,
+    found: Option<&Found>,
 ) -> *mut ffi::PyObject {
     let name = g.names.forward;
     let descr = _PyType_Lookup(tp, name);
@@ -113,12 +148,10 @@ unsafe fn call_forward(
             return std::ptr::null_mut();
         }
         if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
-            // Keep the function alive even if the class attribute is replaced
-            // during the call.
-            ffi::Py_INCREF(descr);
-            let r = args.call_with_self(descr, slf);
-            ffi::Py_DECREF(descr);
-            return r;
+            if let Some(f) = found {
+                crate::callcache::store(tp, dict, f.hooks, descr);
+            }
+            return call_function(descr, slf, args);
         }
     }
     let f = ffi::PyObject_GetAttr(slf, name);
@@ -130,6 +163,47 @@ unsafe fn call_forward(
     r
 }
 
+/// `func(self, *args)` for a class-level Python function `forward`.
+#[inline(always)]
+unsafe fn call_function(
+    func: *mut ffi::PyObject,
+    slf: *mut ffi::PyObject,
+    args: Args,
+) -> *mut ffi::PyObject {
+    // Keep the function alive even if the class attribute is replaced
+    // during the call.
+    ffi::Py_INCREF(func);
+    let r = args.call_with_self(func, slf);
+    ffi::Py_DECREF(func);
+    r
+}
+
+/// Shared by both entry points: None means "run torch's function".
+#[inline(always)]
+unsafe fn fast_call(
+    g: &Globals,
+    slf: *mut ffi::PyObject,
+    args: Args,
+) -> Option<*mut ffi::PyObject> {
+    let tp = ffi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    if let Some(e) = crate::callcache::lookup(tp, dict) {
+        return match decide_cached(g, e) {
+            Decision::Forward => Some(call_function(e.forward, slf, args)),
+            Decision::Stock => None,
+            Decision::Error => Some(std::ptr::null_mut()),
+        };
+    }
+    let mut found = Found {
+        hooks: [std::ptr::null_mut(); 4],
+    };
+    match decide(g, tp, dict, &mut found) {
+        Decision::Forward => Some(call_forward(g, slf, tp, dict, args, Some(&found))),
+        Decision::Stock => None,
+        Decision::Error => Some(std::ptr::null_mut()),
+    }
+}
+
 /// The `tp_call` slot.
 pub unsafe extern "C" fn module_call(
     slf: *mut ffi::PyObject,
@@ -139,12 +213,9 @@ pub unsafe extern "C" fn module_call(
     let Some(g) = globals() else {
         return crate::errors::not_initialised();
     };
-    let tp = ffi::Py_TYPE(slf);
-    let dict = instance_dict(slf);
-    match decide(g, tp, dict) {
-        Decision::Forward => call_forward(g, slf, tp, dict, Args::Tuple(args, kwargs)),
-        Decision::Stock => call_with_self(g.orig.call, slf, args, kwargs),
-        Decision::Error => std::ptr::null_mut(),
+    match fast_call(g, slf, Args::Tuple(args, kwargs)) {
+        Some(r) => r,
+        None => call_with_self(g.orig.call, slf, args, kwargs),
     }
 }
 
@@ -157,18 +228,6 @@ pub unsafe fn wrapped_call_impl(
     kwnames: *mut ffi::PyObject,
 ) -> Option<*mut ffi::PyObject> {
     let slf = *args;
-    let tp = ffi::Py_TYPE(slf);
-    crate::slots::rearm(g, tp);
-    let dict = instance_dict(slf);
-    match decide(g, tp, dict) {
-        Decision::Forward => Some(call_forward(
-            g,
-            slf,
-            tp,
-            dict,
-            Args::Vector(args, nargs, kwnames),
-        )),
-        Decision::Stock => None,
-        Decision::Error => Some(std::ptr::null_mut()),
-    }
+    crate::slots::rearm(g, ffi::Py_TYPE(slf));
+    fast_call(g, slf, Args::Vector(args, nargs, kwnames))
 }

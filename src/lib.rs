@@ -12,6 +12,7 @@
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
 mod attr;
 mod call;
+mod callcache;
 mod errors;
 mod ffi_ext;
 mod hooks;
