@@ -26,7 +26,7 @@ class Settings:
     target_s: float
 
 
-DEFAULT = Settings(repeats=15, target_s=0.05)
+DEFAULT = Settings(repeats=21, target_s=0.08)
 QUICK = Settings(repeats=5, target_s=0.01)
 
 
