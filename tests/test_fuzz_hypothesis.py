@@ -26,14 +26,39 @@ VALUES: list[Any] = [
 ]
 
 names = st.one_of(
-    st.sampled_from(["w", "b", "s", "x", "training", "forward", "_parameters", "_modules",
-                     "", "a.b", "T_0", "dump_patches"]),
+    st.sampled_from(
+        [
+            "w",
+            "b",
+            "s",
+            "x",
+            "training",
+            "forward",
+            "_parameters",
+            "_modules",
+            "",
+            "a.b",
+            "T_0",
+            "dump_patches",
+        ]
+    ),
     st.text(min_size=0, max_size=6),
 )
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["set", "del", "get", "register_parameter", "register_buffer",
-                         "register_buffer_np", "add_module", "registry_pop", "call"]),
+        st.sampled_from(
+            [
+                "set",
+                "del",
+                "get",
+                "register_parameter",
+                "register_buffer",
+                "register_buffer_np",
+                "add_module",
+                "registry_pop",
+                "call",
+            ]
+        ),
         names,
         st.integers(min_value=0, max_value=len(VALUES) - 1),
     ),

@@ -36,8 +36,25 @@ def build(base: type[nn.Module]) -> nn.Module:
     return m
 
 
-NAMES = ["p", "b", "c", "plain", "klass", "prop", "broken", "failing", "missing", "none_param",
-         "forward", "training", "_parameters", "__class__", "", "a.b", "é"]
+NAMES = [
+    "p",
+    "b",
+    "c",
+    "plain",
+    "klass",
+    "prop",
+    "broken",
+    "failing",
+    "missing",
+    "none_param",
+    "forward",
+    "training",
+    "_parameters",
+    "__class__",
+    "",
+    "a.b",
+    "é",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
