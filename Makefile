@@ -10,17 +10,19 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VPY) -m pip install -q "maturin>=1.5,<2" "torch>=2.11,<3" \
+	# maturin goes into the venv itself: `maturin develop` needs its own script.
+	$(VPY) -m pip install -q --ignore-installed "maturin>=1.5,<2"
+	$(VPY) -m pip install -q "torch>=2.11,<3" \
 		"pytest>=8" "pytest-benchmark>=4" "hypothesis>=6" numpy "ruff>=0.5"
 	touch $@
 
 setup: $(VENV)/.ready
 
 build-dev: setup
-	$(VPY) -m maturin develop
+	$(VENV)/bin/maturin develop
 
 build-prod: setup
-	$(VPY) -m maturin develop --release
+	$(VENV)/bin/maturin develop --release
 
 test: build-prod
 	$(VPY) -m pytest tests -q -p no:cacheprovider
@@ -41,7 +43,7 @@ lint: setup
 # each into a clean venv and import it.
 wheels:
 	rm -rf dist
-	$(VPY) -m maturin build --release --out dist \
+	$(VENV)/bin/maturin build --release --out dist \
 		--interpreter $(shell command -v python3.11) $(shell command -v python3.12)
 	$(MAKE) check-wheels
 
