@@ -103,6 +103,10 @@ def _parent_init(self: nn.Module) -> None:
     self.weight = nn.Parameter(torch.zeros(4))
 
 
+def _parent_call_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return self.child(x) + self.weight
+
+
 def _block_init(self: nn.Module) -> None:
     nn.Module.__init__(self)
     self.lin = nn.Linear(32, 32)
@@ -129,6 +133,11 @@ StockLeaf, FastLeaf = _pair("Leaf", {"__init__": _leaf_init, "forward": _identit
 StockParent, FastParent = _pair(
     "Parent",
     {"__init__": _parent_init, "forward": _identity_forward},
+    leaf_cls=(StockLeaf, FastLeaf),
+)
+StockTraced, FastTraced = _pair(
+    "Traced",
+    {"__init__": _parent_init, "forward": _parent_call_forward},
     leaf_cls=(StockLeaf, FastLeaf),
 )
 StockBlock, FastBlock = _pair("Block", {"__init__": _block_init, "forward": _block_forward})
@@ -164,6 +173,29 @@ def _build_call_kwargs(device: torch.device) -> dict[str, Variant]:
         Variant("m(x, y=y)", {"m": fast, "x": x, "y": y}),
         Variant("m.forward(x, y=y)", {"m": stock, "x": x, "y": y}),
     )
+
+
+def _build_call_after_trace(device: torch.device) -> dict[str, Variant]:
+    """``m(x)`` on a parent with a child, after ``torch.fx`` and ``torch.export`` traced it.
+
+    Both tracers patch ``nn.Module.__call__``/``__getattr__`` for the duration of
+    the trace, which resets fastmodule's C slots; this case shows they are back.
+    """
+    x = torch.zeros(4)
+    stock, fast = StockTraced(), FastTraced()
+    for m in (stock, fast):
+        torch.fx.symbolic_trace(m)
+        torch.export.export(m, (x,), strict=False)
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}),
+        Variant("m(x)", {"m": fast, "x": x}),
+        Variant("f(m, x)", {"m": stock, "x": x, "f": _traced_lower}),
+    )
+
+
+def _traced_lower(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The same math with the module machinery removed: forwards called directly."""
+    return m.child.forward(x) + m.weight
 
 
 def _plain_object() -> Plain:
@@ -258,6 +290,11 @@ CASES: tuple[Case, ...] = (
         "setattr_plain",
         "m.count = 1 (plain attribute)",
         _setattr_builder("m.count = v", "obj.count = v", lambda: 1),
+    ),
+    Case(
+        "call_after_trace",
+        "parent(x) calling a child, after an FX trace and a torch.export of it",
+        _build_call_after_trace,
     ),
     Case(
         "mlp64",
