@@ -6,6 +6,12 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 
+# An interpreter for each wheel: python3.X on PATH if it runs, else pyenv's.
+find_py = $(shell for p in python$(1) $$HOME/.pyenv/versions/$(1).*/bin/python$(1); do \
+	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)
+PY311 ?= $(call find_py,3.11)
+PY312 ?= $(call find_py,3.12)
+
 .PHONY: setup build-dev build-prod test bench lint wheels check-wheels clean
 
 $(VENV)/.ready: pyproject.toml
@@ -44,11 +50,11 @@ lint: setup
 wheels:
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --out dist \
-		--interpreter $(shell command -v python3.11) $(shell command -v python3.12)
+		--interpreter $(PY311) $(PY312)
 	$(MAKE) check-wheels
 
 check-wheels:
-	bash scripts/check_wheels.sh dist
+	PY311=$(PY311) PY312=$(PY312) bash scripts/check_wheels.sh dist
 
 clean:
 	rm -rf target dist $(VENV) python/fastmodule/*.so

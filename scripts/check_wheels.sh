@@ -8,7 +8,8 @@ wheels=("$dir"/fastmodule-*.whl)
 [ ${#wheels[@]} -gt 0 ] || { echo "no wheels in $dir" >&2; exit 1; }
 for whl in "${wheels[@]}"; do
   tag=$(basename "$whl" | sed -E 's/.*-cp([0-9])([0-9]+)-.*/\1.\2/')
-  py=$(command -v "python$tag")
+  var="PY${tag/./}"
+  py=${!var:-$(command -v "python$tag")}
   venv=$(mktemp -d)/venv
   echo "== $whl with $py"
   "$py" -m venv "$venv"

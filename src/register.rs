@@ -268,13 +268,7 @@ unsafe fn check_name(
     if ffi::PyUnicode_Check(name) == 0 {
         return raise_typename(g, ffi::PyExc_TypeError, msgs.not_str, name, &[]);
     }
-    let dot = ffi::PyUnicode_FromString(c".".as_ptr());
-    if dot.is_null() {
-        return Outcome::Error;
-    }
-    let has_dot = contains(name, dot);
-    ffi::Py_DECREF(dot);
-    match has_dot {
+    match contains(name, g.names.dot) {
         Ok(true) => {
             raise(g, ffi::PyExc_KeyError, &[Part::Lit(msgs.dot)]);
             return Outcome::Error;
@@ -315,6 +309,19 @@ struct NameMsgs {
     empty: &'static std::ffi::CStr,
 }
 
+/// `self.<name>` as a new reference: the instance `__dict__` when that is
+/// what `object.__getattribute__` would return, else the full lookup.
+unsafe fn attr_of(obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    if let Plain::Found(v) = plain_attr(ffi::Py_TYPE(obj), instance_dict(obj), name) {
+        ffi::Py_INCREF(v);
+        return v;
+    }
+    if !ffi::PyErr_Occurred().is_null() {
+        return std::ptr::null_mut();
+    }
+    ffi::PyObject_GetAttr(obj, name)
+}
+
 /// `hasattr(self, name) and name not in self.<reg>`.
 unsafe fn already_exists(
     g: &Globals,
@@ -325,7 +332,7 @@ unsafe fn already_exists(
     if !has_attr(g, obj, name)? {
         return Ok(false);
     }
-    let r = ffi::PyObject_GetAttr(obj, reg);
+    let r = attr_of(obj, reg);
     if r.is_null() {
         return Err(());
     }
@@ -341,7 +348,7 @@ unsafe fn store(
     name: *mut ffi::PyObject,
     value: *mut ffi::PyObject,
 ) -> Outcome {
-    let r = ffi::PyObject_GetAttr(obj, reg);
+    let r = attr_of(obj, reg);
     if r.is_null() {
         return Outcome::Error;
     }
@@ -495,7 +502,7 @@ pub unsafe fn register_buffer(
         Ok(b) => b,
         Err(()) => return Outcome::Error,
     };
-    let set = ffi::PyObject_GetAttr(obj, n.non_persistent);
+    let set = attr_of(obj, n.non_persistent);
     if set.is_null() {
         return Outcome::Error;
     }
@@ -553,13 +560,7 @@ pub unsafe fn add_module(
         }
         Err(()) => return Outcome::Error,
     }
-    let dot = ffi::PyUnicode_FromString(c".".as_ptr());
-    if dot.is_null() {
-        return Outcome::Error;
-    }
-    let has_dot = contains(name, dot);
-    ffi::Py_DECREF(dot);
-    match has_dot {
+    match contains(name, g.names.dot) {
         Ok(true) => {
             raise(
                 g,

@@ -37,6 +37,7 @@ pub struct Names {
     pub torch_function: *mut ffi::PyObject,
     pub grad_fn: *mut ffi::PyObject,
     pub empty: *mut ffi::PyObject,
+    pub dot: *mut ffi::PyObject,
 }
 
 /// torch's original implementations; a class gets a Rust slot only while its
@@ -171,6 +172,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         torch_function: intern(py, "__torch_function__"),
         grad_fn: intern(py, "grad_fn"),
         empty: intern(py, ""),
+        dot: intern(py, "."),
     };
     let g = Globals {
         nn_module: nn_module.into_ptr() as *mut ffi::PyTypeObject,
