@@ -8,6 +8,7 @@
 //! - `slots`: installing the C slots on classes (and re-arming them),
 //! - `hooks`: the module-level hook dicts,
 //! - `tracing`: the jit-tracing probe,
+//! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
 mod attr;
@@ -16,12 +17,14 @@ mod callcache;
 mod errors;
 mod ffi_ext;
 mod hooks;
+mod items;
 mod lookup;
 mod methods;
 mod register;
 mod slots;
 mod state;
 mod tracing;
+mod traversal;
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -35,7 +38,27 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) ->
     tracing::init(libtorch_path);
     methods::install(py)?;
     slots::install_class(py, fast_module)?;
+    items::init(py)?;
+    traversal::init(py, fast_module.as_any())?;
     Ok(())
+}
+
+/// torch's method `method` (e.g. "named_modules", "train") for `module`, as
+/// fastmodule's wrapper of it: natively while `nn.Module`'s entry is torch's
+/// original, else whatever is installed there. Iterators come back as native
+/// iterators; the Python wrappers turn them into generators.
+#[pyfunction]
+#[pyo3(signature = (method, module, *args))]
+fn walk<'py>(
+    py: Python<'py>,
+    method: &str,
+    module: &Bound<'py, PyAny>,
+    args: &Bound<'py, pyo3::types::PyTuple>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let m = traversal::method_named(method).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!("not a wrapped method: {method}"))
+    })?;
+    traversal::call_root(py, m, module, args)
 }
 
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
@@ -72,5 +95,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(serving_registration, m)?)?;
+    m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_class::<traversal::NamedModules>()?;
+    m.add_class::<traversal::NamedMembers>()?;
+    m.add_class::<traversal::NamedChildren>()?;
+    m.add_class::<traversal::Values>()?;
     Ok(())
 }

@@ -880,9 +880,12 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
 #[inline(always)]
 pub unsafe fn is_fast_instance(g: &Globals, obj: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(obj);
-    if ffi::PyType_IsSubtype(tp, g.fast_module) == 0 {
-        return false;
-    }
+    ffi::PyType_IsSubtype(tp, g.fast_module) != 0 && object_after_nn_module(g, tp)
+}
+
+/// Is `object` the only class after `torch.nn.Module` in `tp`'s MRO?
+#[inline(always)]
+pub unsafe fn object_after_nn_module(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
     let mro = (*tp).tp_mro;
     if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
         return false;

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core
+from fastmodule import _core, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -15,8 +15,11 @@ __all__ = ["Module", "slots_of"]
 class Module(torch.nn.Module):
     """Drop-in base class for ``torch.nn.Module``.
 
-    Calling the module, reading registered parameters/buffers/submodules and
-    registering them run in Rust with exactly stock semantics. Nothing
+    Calling the module, reading registered parameters/buffers/submodules,
+    registering them, and the whole-tree walks (``named_modules``,
+    ``named_parameters``, ``parameters``, ``buffers``, ``children``, ``train``,
+    ``eval``, ``requires_grad_``, ``zero_grad``, ``apply``) run in Rust with
+    exactly stock semantics. Nothing
     Python-visible changes: ``type(m).__call__`` is ``torch.nn.Module.__call__``
     and the registries are the usual dicts, so ``torch.compile``, FX, export and
     every tool that patches ``torch.nn.Module`` see a stock module. Any case the
@@ -24,6 +27,21 @@ class Module(torch.nn.Module):
     overridden ``__call__``/``__getattr__``/``__setattr__``, a patched base
     class) runs torch's own code.
     """
+
+    # Whole-tree methods: same signatures and docstrings as torch's, walked in Rust.
+    named_modules = walks.named_modules
+    modules = walks.modules
+    named_children = walks.named_children
+    children = walks.children
+    named_parameters = walks.named_parameters
+    parameters = walks.parameters
+    named_buffers = walks.named_buffers
+    buffers = walks.buffers
+    train = walks.train
+    eval = walks.eval
+    requires_grad_ = walks.requires_grad_
+    zero_grad = walks.zero_grad
+    apply = walks.apply
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

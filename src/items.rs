@@ -1,0 +1,289 @@
+//! The two primitives every tree walk repeats per module, without going
+//! through Python's iterator protocol: iterating a registry's `.items()` and
+//! de-duplicating through a memo set.
+//!
+//! `Items` iterates an exact dict with `PyDict_Next` and reproduces the checks
+//! of CPython's dict iterator (same order, same "dictionary changed size
+//! during iteration" / "dictionary keys changed during iteration" errors);
+//! any other registry object is iterated through its own `.items()`.
+//!
+//! `Memo` keeps identities in a Rust set while every member hashes by
+//! identity (plain modules, torch tensors, whose `__hash__` is `id(self)`), so
+//! membership is exactly what a Python set would answer; the first object that
+//! could hash otherwise converts it to a real Python set.
+use crate::ffi_ext::_PyType_Lookup;
+use crate::lookup::{instance_dict, plain_attr, Plain};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyIterator, PySet, PyString};
+use pyo3::PyTraverseError;
+use pyo3::PyVisit;
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+pub enum Items {
+    Dict {
+        dict: Py<PyAny>,
+        pos: ffi::Py_ssize_t,
+        used: ffi::Py_ssize_t,
+        left: ffi::Py_ssize_t,
+    },
+    Iter(Py<PyIterator>),
+}
+
+#[inline(always)]
+unsafe fn ma_used(d: *mut ffi::PyObject) -> ffi::Py_ssize_t {
+    (*(d as *mut ffi::PyDictObject)).ma_used
+}
+
+impl Items {
+    /// `module.<registry>.items()`, iterated lazily.
+    pub fn of<'py>(module: &Bound<'py, PyAny>, registry: &Bound<'py, PyString>) -> PyResult<Items> {
+        let py = module.py();
+        unsafe {
+            let m = module.as_ptr();
+            match plain_attr(ffi::Py_TYPE(m), instance_dict(m), registry.as_ptr()) {
+                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+                    let used = ma_used(d);
+                    return Ok(Items::Dict {
+                        dict: Bound::from_borrowed_ptr(py, d).unbind(),
+                        pos: 0,
+                        used,
+                        left: used,
+                    });
+                }
+                Plain::Error => return Err(PyErr::fetch(py)),
+                _ => {}
+            }
+        }
+        let it = module
+            .getattr(registry)?
+            .call_method0(intern!(py, "items"))?
+            .try_iter()?;
+        Ok(Items::Iter(it.unbind()))
+    }
+
+    pub fn next<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+        match self {
+            Items::Dict {
+                dict,
+                pos,
+                used,
+                left,
+            } => unsafe {
+                let d = dict.as_ptr();
+                if *used != ma_used(d) {
+                    return Err(PyRuntimeError::new_err(
+                        "dictionary changed size during iteration",
+                    ));
+                }
+                let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+                let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+                if ffi::PyDict_Next(d, pos, &mut k, &mut v) == 0 {
+                    return Ok(None);
+                }
+                if *left == 0 {
+                    return Err(PyRuntimeError::new_err(
+                        "dictionary keys changed during iteration",
+                    ));
+                }
+                *left -= 1;
+                Ok(Some((
+                    Bound::from_borrowed_ptr(py, k),
+                    Bound::from_borrowed_ptr(py, v),
+                )))
+            },
+            Items::Iter(it) => {
+                let mut it = it.bind(py).clone();
+                match it.next() {
+                    Some(item) => Ok(Some(item?.extract()?)),
+                    None => match PyErr::take(py) {
+                        Some(e) => Err(e),
+                        None => Ok(None),
+                    },
+                }
+            }
+        }
+    }
+
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Items::Dict { dict, .. } => visit.call(dict),
+            Items::Iter(it) => visit.call(it),
+        }
+    }
+}
+
+/// torch.Tensor.__hash__ (it returns `id(self)`) and the interned name
+/// "__hash__", captured once (as addresses of immortal-by-convention objects).
+static TENSOR_HASH: OnceLock<(usize, usize)> = OnceLock::new();
+
+pub fn init(py: Python<'_>) -> PyResult<()> {
+    let torch = py.import("torch")?;
+    let h = torch
+        .getattr("Tensor")?
+        .getattr("__dict__")?
+        .get_item("__hash__")?;
+    let name = PyString::intern(py, "__hash__");
+    let _ = TENSOR_HASH.set((h.into_ptr() as usize, name.into_ptr() as usize));
+    Ok(())
+}
+
+/// Are two optional CPython slot functions the same function?
+fn same_fn<F: Copy + PartialEq>(a: Option<F>, b: Option<F>) -> bool {
+    // Both come from CPython's own tables: equal addresses mean equal slots.
+    a == b
+}
+
+/// Does `obj` hash and compare by identity in a set?
+unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
+    let tp = ffi::Py_TYPE(obj);
+    let base = std::ptr::addr_of_mut!(ffi::PyBaseObject_Type);
+    if same_fn((*tp).tp_hash, (*base).tp_hash)
+        && same_fn((*tp).tp_richcompare, (*base).tp_richcompare)
+    {
+        return true;
+    }
+    // torch tensors: __hash__ is torch's `return id(self)`; with unique hashes
+    // a set never consults __eq__.
+    match TENSOR_HASH.get() {
+        Some(&(h, name)) => _PyType_Lookup(tp, name as *mut ffi::PyObject) as usize == h,
+        None => false,
+    }
+}
+
+pub enum Memo {
+    /// Addresses, with the objects kept alive so an address is never reused.
+    Identity(HashSet<usize>, Vec<Py<PyAny>>),
+    Set(Py<PySet>),
+    /// A caller's memo (any object): `obj in memo` and `memo.add(obj)`.
+    Object(Py<PyAny>),
+}
+
+impl Memo {
+    pub fn new() -> Memo {
+        Memo::Identity(HashSet::new(), Vec::new())
+    }
+
+    pub fn from_object(o: Bound<'_, PyAny>) -> Memo {
+        Memo::Object(o.unbind())
+    }
+
+    fn make_set(&mut self, py: Python<'_>) -> PyResult<()> {
+        if let Memo::Identity(_, objs) = self {
+            let s = PySet::empty(py)?;
+            for o in objs.iter() {
+                s.add(o.bind(py))?;
+            }
+            *self = Memo::Set(s.unbind());
+        }
+        Ok(())
+    }
+
+    /// `obj in memo`.
+    pub fn contains(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = obj.py();
+        if let Memo::Identity(set, _) = self {
+            if unsafe { identity_hashed(obj.as_ptr()) } {
+                return Ok(set.contains(&(obj.as_ptr() as usize)));
+            }
+            self.make_set(py)?;
+        }
+        match self {
+            Memo::Set(s) => s.bind(py).contains(obj),
+            Memo::Object(o) => o.bind(py).contains(obj),
+            Memo::Identity(..) => Ok(false),
+        }
+    }
+
+    /// `memo.add(obj)`.
+    pub fn add(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = obj.py();
+        if let Memo::Identity(set, objs) = self {
+            if unsafe { identity_hashed(obj.as_ptr()) } {
+                if set.insert(obj.as_ptr() as usize) {
+                    objs.push(obj.clone().unbind());
+                }
+                return Ok(());
+            }
+            self.make_set(py)?;
+        }
+        match self {
+            Memo::Set(s) => s.bind(py).add(obj),
+            Memo::Object(o) => o
+                .bind(py)
+                .call_method1(intern!(py, "add"), (obj,))
+                .map(|_| ()),
+            Memo::Identity(..) => Ok(()),
+        }
+    }
+
+    /// The memo as a Python object (converting it to a set), to hand to Python code.
+    pub fn as_set<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.make_set(py)?;
+        match self {
+            Memo::Set(s) => Ok(s.bind(py).clone().into_any()),
+            Memo::Object(o) => Ok(o.bind(py).clone()),
+            Memo::Identity(..) => Ok(PySet::empty(py)?.into_any()),
+        }
+    }
+
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Memo::Identity(_, objs) => {
+                for o in objs {
+                    visit.call(o)?;
+                }
+                Ok(())
+            }
+            Memo::Set(s) => visit.call(s),
+            Memo::Object(o) => visit.call(o),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        *self = Memo::new();
+    }
+}
+
+/// `prefix + ("." if prefix else "") + name`, or None when only the value is
+/// wanted and building the name cannot fail or run code (exact `str`s).
+pub fn join<'py>(
+    prefix: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyAny>,
+    skip_if_pure: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = prefix.py();
+    unsafe {
+        let exact = ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+            && ffi::PyUnicode_CheckExact(name.as_ptr()) != 0;
+        if exact {
+            if skip_if_pure {
+                return Ok(None);
+            }
+            if ffi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0 {
+                return Ok(Some(name.clone()));
+            }
+            let dot = intern!(py, ".");
+            let a = Bound::from_owned_ptr_or_err(
+                py,
+                ffi::PyUnicode_Concat(prefix.as_ptr(), dot.as_ptr()),
+            )?;
+            return Ok(Some(Bound::from_owned_ptr_or_err(
+                py,
+                ffi::PyUnicode_Concat(a.as_ptr(), name.as_ptr()),
+            )?));
+        }
+    }
+    let sep = if prefix.is_truthy()? {
+        intern!(py, ".")
+    } else {
+        intern!(py, "")
+    };
+    Ok(Some(prefix.add(sep)?.add(name)?))
+}

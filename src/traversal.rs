@@ -1,0 +1,975 @@
+//! Tree walks: `named_modules`, `named_children`, `_named_members`
+//! (`named_parameters`, `named_buffers`) as lazy native iterators, and the
+//! eager walks built on them (`train`, `requires_grad_`, `zero_grad`,
+//! `apply`).
+//!
+//! Each walk mirrors torch's Python code step by step, including its dynamic
+//! dispatch: at every module, a method is run natively only while that
+//! module's class resolves it to torch's original (or to fastmodule's wrapper
+//! of it, with torch's entry unpatched) and no instance attribute shadows it;
+//! otherwise the module's own method is called, exactly where torch would call
+//! it. Iterators keep an explicit stack (no native recursion), so laziness,
+//! mutation during iteration and exceptions behave as in the generators they
+//! replace. Eager walks recurse through `Py_EnterRecursiveCall`, so a
+//! pathologically deep tree raises RecursionError as in stock instead of
+//! overflowing the native stack.
+use crate::ffi_ext::_PyType_Lookup;
+use crate::items::{join, Items, Memo};
+use crate::lookup::instance_dict;
+use crate::state::{require, Globals};
+use pyo3::call::PyCallArgs;
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyIterator, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
+use std::sync::OnceLock;
+
+/// The methods whose dispatch the walks follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    NamedModules,
+    NamedChildren,
+    Children,
+    Modules,
+    NamedMembers,
+    NamedParameters,
+    Parameters,
+    NamedBuffers,
+    Buffers,
+    Train,
+    Eval,
+    RequiresGrad,
+    ZeroGrad,
+    Apply,
+}
+
+pub const METHODS: [Method; 14] = [
+    Method::NamedModules,
+    Method::NamedChildren,
+    Method::Children,
+    Method::Modules,
+    Method::NamedMembers,
+    Method::NamedParameters,
+    Method::Parameters,
+    Method::NamedBuffers,
+    Method::Buffers,
+    Method::Train,
+    Method::Eval,
+    Method::RequiresGrad,
+    Method::ZeroGrad,
+    Method::Apply,
+];
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::NamedModules => "named_modules",
+            Method::NamedChildren => "named_children",
+            Method::Children => "children",
+            Method::Modules => "modules",
+            Method::NamedMembers => "_named_members",
+            Method::NamedParameters => "named_parameters",
+            Method::Parameters => "parameters",
+            Method::NamedBuffers => "named_buffers",
+            Method::Buffers => "buffers",
+            Method::Train => "train",
+            Method::Eval => "eval",
+            Method::RequiresGrad => "requires_grad_",
+            Method::ZeroGrad => "zero_grad",
+            Method::Apply => "apply",
+        }
+    }
+}
+
+/// torch's function, fastmodule's wrapper (if any) and the interned name.
+struct Entry {
+    name: *mut ffi::PyObject,
+    orig: *mut ffi::PyObject,
+    wrapper: *mut ffi::PyObject,
+}
+struct Table([Entry; 14]);
+// SAFETY: strong references, read with the GIL held.
+unsafe impl Send for Table {}
+unsafe impl Sync for Table {}
+static TABLE: OnceLock<Table> = OnceLock::new();
+
+/// Capture torch's methods and fastmodule's wrappers (by name on `fast_module`).
+pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
+    let g = require(py)?;
+    if TABLE.get().is_some() {
+        return Ok(());
+    }
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    let nn_dict = nn_module.getattr(intern!(py, "__dict__"))?;
+    let fast_dict = fast_module.getattr(intern!(py, "__dict__"))?;
+    let mut entries = Vec::with_capacity(METHODS.len());
+    for m in METHODS {
+        let orig = nn_dict.get_item(m.name())?;
+        let wrapper = fast_dict.get_item(m.name()).ok();
+        entries.push(Entry {
+            name: PyString::intern(py, m.name()).into_ptr(),
+            orig: orig.into_ptr(),
+            wrapper: wrapper.map_or(std::ptr::null_mut(), |w| w.into_ptr()),
+        });
+    }
+    let arr: [Entry; 14] = entries
+        .try_into()
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: method table size"))?;
+    let _ = TABLE.set(Table(arr));
+    Ok(())
+}
+
+fn entry(m: Method) -> Option<&'static Entry> {
+    TABLE.get().map(|t| &t.0[m as usize])
+}
+
+/// Does `obj.<m>` resolve to torch's own method (directly, or through
+/// fastmodule's wrapper while torch's entry is unpatched)?
+pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
+    let Some(e) = entry(m) else { return false };
+    unsafe {
+        let found = _PyType_Lookup(ffi::Py_TYPE(obj.as_ptr()), e.name);
+        let ok = found == e.orig
+            || (!e.wrapper.is_null()
+                && found == e.wrapper
+                && _PyType_Lookup(g.nn_module, e.name) == e.orig);
+        if !ok {
+            return false;
+        }
+        // An instance attribute of that name would shadow the method.
+        let d = instance_dict(obj.as_ptr());
+        d.is_null() || ffi::PyDict_Contains(d, e.name) == 0
+    }
+}
+
+/// `obj.<m>(*args)` through Python, as torch's code would call it.
+fn call_method<'py, A: PyCallArgs<'py>>(
+    obj: &Bound<'py, PyAny>,
+    m: Method,
+    args: A,
+) -> PyResult<Bound<'py, PyAny>> {
+    obj.call_method1(PyString::intern(obj.py(), m.name()), args)
+}
+
+/// `torch.nn.Module.<m>` as currently installed (for the wrappers' fallback).
+pub fn torch_method<'py>(py: Python<'py>, m: Method) -> PyResult<Bound<'py, PyAny>> {
+    let g = require(py)?;
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    nn_module.getattr(m.name())
+}
+
+/// `(name, value)`, or just `value` for the value-only variants.
+fn pair<'py>(
+    py: Python<'py>,
+    values: bool,
+    name: Bound<'py, PyAny>,
+    value: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if values {
+        Ok(value)
+    } else {
+        Ok(PyTuple::new(py, [name, value])?.into_any())
+    }
+}
+
+enum State {
+    /// Not yet checked against the memo / yielded.
+    Entry,
+    /// Yielded; `self._modules.items()` is read when the walk resumes, as in
+    /// torch's generator.
+    Resume,
+    /// Walking `self._modules.items()`.
+    Items(Items),
+    /// A module whose `named_modules` is its own: consume its iterator.
+    Delegate(Py<PyIterator>),
+}
+
+struct Frame {
+    module: Py<PyAny>,
+    prefix: Py<PyAny>,
+    state: State,
+}
+
+/// Native `named_modules(memo, prefix, remove_duplicate)` generator.
+#[pyclass(module = "fastmodule._core", unsendable)]
+pub struct NamedModules {
+    /// Yield only the module of each pair (`modules()`).
+    values: bool,
+    stack: Vec<Frame>,
+    memo: Memo,
+    remove_duplicate: Py<PyAny>,
+    rd: bool,
+}
+
+impl NamedModules {
+    pub fn new<'py>(
+        _py: Python<'py>,
+        module: &Bound<'py, PyAny>,
+        memo: Option<Bound<'py, PyAny>>,
+        prefix: &Bound<'py, PyAny>,
+        remove_duplicate: &Bound<'py, PyAny>,
+        values: bool,
+    ) -> PyResult<Self> {
+        // A caller's memo is used as is, through its own `in` and `.add`.
+        let memo = match memo {
+            Some(m) if !m.is_none() => Memo::from_object(m),
+            _ => Memo::new(),
+        };
+        Ok(NamedModules {
+            values,
+            stack: vec![Frame {
+                module: module.clone().unbind(),
+                prefix: prefix.clone().unbind(),
+                state: State::Entry,
+            }],
+            memo,
+            remove_duplicate: remove_duplicate.clone().unbind(),
+            rd: remove_duplicate.is_truthy()?,
+        })
+    }
+
+    fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let g = require(py)?;
+        loop {
+            let Some(top) = self.stack.last_mut() else {
+                return Ok(None);
+            };
+            match &mut top.state {
+                State::Entry => {
+                    let module = top.module.bind(py).clone();
+                    if self.memo.contains(&module)? {
+                        self.stack.pop();
+                        continue;
+                    }
+                    if self.rd {
+                        self.memo.add(&module)?;
+                    }
+                    let prefix = top.prefix.bind(py).clone();
+                    top.state = State::Resume;
+                    return Ok(Some(pair(py, self.values, prefix, module)?));
+                }
+                State::Resume => {
+                    let module = top.module.bind(py).clone();
+                    top.state = State::Items(Items::of(&module, intern!(py, "_modules"))?);
+                }
+                State::Items(it) => {
+                    let Some((name, child)) = it.next(py)? else {
+                        self.stack.pop();
+                        continue;
+                    };
+                    if child.is_none() {
+                        continue;
+                    }
+                    let prefix = top.prefix.bind(py).clone();
+                    let native = is_native(g, &child, Method::NamedModules);
+                    // Names are only observable through named_modules (or a
+                    // delegate) or when building them could fail.
+                    let sub = match join(&prefix, &name, native && self.values)? {
+                        Some(s) => s,
+                        None => prefix,
+                    };
+                    if self.stack.len() as i64 >= unsafe { ffi::Py_GetRecursionLimit() } as i64 {
+                        // torch's nested generators would exceed the limit here.
+                        return Err(pyo3::exceptions::PyRecursionError::new_err(
+                            "maximum recursion depth exceeded",
+                        ));
+                    }
+                    let state = if native {
+                        State::Entry
+                    } else {
+                        // The override receives the very memo: a real set.
+                        let memo = self.memo.as_set(py)?;
+                        let r = call_method(
+                            &child,
+                            Method::NamedModules,
+                            (memo, &sub, self.remove_duplicate.bind(py)),
+                        )?;
+                        State::Delegate(r.try_iter()?.unbind())
+                    };
+                    self.stack.push(Frame {
+                        module: child.unbind(),
+                        prefix: sub.unbind(),
+                        state,
+                    });
+                }
+                State::Delegate(it) => {
+                    let mut it = it.bind(py).clone();
+                    match it.next() {
+                        Some(v) => {
+                            let v = v?;
+                            if self.values {
+                                let (_, m): (Bound<'py, PyAny>, Bound<'py, PyAny>) = v.extract()?;
+                                return Ok(Some(m));
+                            }
+                            return Ok(Some(v));
+                        }
+                        None => {
+                            if let Some(e) = PyErr::take(py) {
+                                return Err(e);
+                            }
+                            self.stack.pop();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl NamedModules {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let r = self.step(py);
+        if r.is_err() {
+            // Like a generator that raised: finished from now on.
+            self.stack.clear();
+        }
+        r
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.memo.traverse(&visit)?;
+        visit.call(&self.remove_duplicate)?;
+        for f in &self.stack {
+            visit.call(&f.module)?;
+            visit.call(&f.prefix)?;
+            match &f.state {
+                State::Entry | State::Resume => {}
+                State::Items(i) => i.traverse(&visit)?,
+                State::Delegate(i) => visit.call(i)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.stack.clear();
+        self.memo.clear();
+    }
+}
+
+/// Where `_named_members` takes its modules from.
+enum Source {
+    Native(Py<NamedModules>),
+    Python(Py<PyIterator>),
+    /// `recurse=False`: `[(prefix, self)]`, not yet consumed.
+    Single(Option<(Py<PyAny>, Py<PyAny>)>),
+}
+
+/// Native `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
+#[pyclass(module = "fastmodule._core", unsendable)]
+pub struct NamedMembers {
+    values: bool,
+    source: Source,
+    registry: &'static str,
+    current: Option<(Py<PyAny>, Items)>,
+    memo: Memo,
+    rd: bool,
+    done: bool,
+}
+
+impl NamedMembers {
+    pub fn new<'py>(
+        py: Python<'py>,
+        module: &Bound<'py, PyAny>,
+        registry: &'static str,
+        prefix: &Bound<'py, PyAny>,
+        recurse: bool,
+        remove_duplicate: &Bound<'py, PyAny>,
+        values: bool,
+    ) -> PyResult<Self> {
+        let g = require(py)?;
+        let source = if !recurse {
+            Source::Single(Some((prefix.clone().unbind(), module.clone().unbind())))
+        } else if is_native(g, module, Method::NamedModules) {
+            Source::Native(Py::new(
+                py,
+                NamedModules::new(py, module, None, prefix, remove_duplicate, false)?,
+            )?)
+        } else {
+            let kw = PyDict::new(py);
+            kw.set_item(intern!(py, "prefix"), prefix)?;
+            kw.set_item(intern!(py, "remove_duplicate"), remove_duplicate)?;
+            Source::Python(
+                module
+                    .call_method(intern!(py, "named_modules"), (), Some(&kw))?
+                    .try_iter()?
+                    .unbind(),
+            )
+        };
+        Ok(NamedMembers {
+            values,
+            source,
+            registry,
+            current: None,
+            memo: Memo::new(),
+            rd: remove_duplicate.is_truthy()?,
+            done: false,
+        })
+    }
+
+    fn next_module<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+        let pair = match &mut self.source {
+            Source::Single(s) => {
+                return Ok(s.take().map(|(p, m)| (p.into_bound(py), m.into_bound(py))))
+            }
+            Source::Native(n) => n.bind(py).borrow_mut().step(py)?,
+            Source::Python(it) => match it.bind(py).clone().next() {
+                Some(v) => Some(v?),
+                None => {
+                    if let Some(e) = PyErr::take(py) {
+                        return Err(e);
+                    }
+                    None
+                }
+            },
+        };
+        match pair {
+            Some(p) => Ok(Some(p.extract()?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        loop {
+            if let Some((prefix, it)) = &mut self.current {
+                match it.next(py)? {
+                    Some((k, v)) => {
+                        if v.is_none() || self.memo.contains(&v)? {
+                            continue;
+                        }
+                        if self.rd {
+                            self.memo.add(&v)?;
+                        }
+                        return match join(prefix.bind(py), &k, self.values)? {
+                            _ if self.values => Ok(Some(v)),
+                            Some(name) => Ok(Some(PyTuple::new(py, [name, v])?.into_any())),
+                            None => Ok(Some(v)),
+                        };
+                    }
+                    None => self.current = None,
+                }
+            }
+            match self.next_module(py)? {
+                Some((prefix, module)) => {
+                    let reg = if self.registry == "_parameters" {
+                        intern!(py, "_parameters")
+                    } else {
+                        intern!(py, "_buffers")
+                    };
+                    let it = Items::of(&module, reg)?;
+                    self.current = Some((prefix.unbind(), it));
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl NamedMembers {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let r = self.step(py);
+        if !matches!(r, Ok(Some(_))) {
+            self.done = true;
+            self.current = None;
+        }
+        r
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.memo.traverse(&visit)?;
+        match &self.source {
+            Source::Native(n) => visit.call(n)?,
+            Source::Python(i) => visit.call(i)?,
+            Source::Single(Some((p, m))) => {
+                visit.call(p)?;
+                visit.call(m)?;
+            }
+            Source::Single(None) => {}
+        }
+        if let Some((p, i)) = &self.current {
+            visit.call(p)?;
+            i.traverse(&visit)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.current = None;
+        self.source = Source::Single(None);
+        self.memo.clear();
+    }
+}
+
+/// Native `named_children()` generator.
+#[pyclass(module = "fastmodule._core", unsendable)]
+pub struct NamedChildren {
+    values: bool,
+    items: Option<Items>,
+    module: Option<Py<PyAny>>,
+    memo: Memo,
+}
+
+impl NamedChildren {
+    pub fn new(module: &Bound<'_, PyAny>, values: bool) -> PyResult<Self> {
+        Ok(NamedChildren {
+            values,
+            items: None,
+            module: Some(module.clone().unbind()),
+            memo: Memo::new(),
+        })
+    }
+
+    fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some(m) = self.module.take() {
+            // The generator body starts on the first next(): read _modules now.
+            self.items = Some(Items::of(m.bind(py), intern!(py, "_modules"))?);
+        }
+        let Some(it) = &mut self.items else {
+            return Ok(None);
+        };
+        while let Some((name, child)) = it.next(py)? {
+            if child.is_none() || self.memo.contains(&child)? {
+                continue;
+            }
+            self.memo.add(&child)?;
+            return Ok(Some(pair(py, self.values, name, child)?));
+        }
+        Ok(None)
+    }
+}
+
+#[pymethods]
+impl NamedChildren {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let r = self.step(py);
+        if !matches!(r, Ok(Some(_))) {
+            self.items = None;
+            self.module = None;
+        }
+        r
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.memo.traverse(&visit)?;
+        if let Some(i) = &self.items {
+            i.traverse(&visit)?;
+        }
+        if let Some(m) = &self.module {
+            visit.call(m)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.items = None;
+        self.module = None;
+        self.memo.clear();
+    }
+}
+
+/// Yields the second item of each pair of another iterator (`children()`
+/// over an overriding `named_children`, and the like).
+#[pyclass(module = "fastmodule._core", unsendable)]
+pub struct Values {
+    inner: Option<Py<PyIterator>>,
+}
+
+#[pymethods]
+impl Values {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(it) = &self.inner else {
+            return Ok(None);
+        };
+        let mut it = it.bind(py).clone();
+        match it.next() {
+            Some(v) => {
+                let (_, m): (Bound<'py, PyAny>, Bound<'py, PyAny>) = v?.extract()?;
+                Ok(Some(m))
+            }
+            None => {
+                self.inner = None;
+                match PyErr::take(py) {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(i) = &self.inner {
+            visit.call(i)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.inner = None;
+    }
+}
+
+fn values_of<'py>(py: Python<'py>, it: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(Bound::new(
+        py,
+        Values {
+            inner: Some(it.try_iter()?.unbind()),
+        },
+    )?
+    .into_any())
+}
+
+/// Bodies of torch's methods, each with `self` already dispatched to it.
+/// They call other methods of `self` and of children through `dispatch`.
+pub mod body {
+    use super::*;
+
+    pub fn named_modules<'py>(
+        py: Python<'py>,
+        module: &Bound<'py, PyAny>,
+        memo: Option<Bound<'py, PyAny>>,
+        prefix: &Bound<'py, PyAny>,
+        remove_duplicate: &Bound<'py, PyAny>,
+        values: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(Bound::new(
+            py,
+            NamedModules::new(py, module, memo, prefix, remove_duplicate, values)?,
+        )?
+        .into_any())
+    }
+
+    pub fn named_children<'py>(
+        py: Python<'py>,
+        module: &Bound<'py, PyAny>,
+        values: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(Bound::new(py, NamedChildren::new(module, values)?)?.into_any())
+    }
+
+    /// `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
+    pub fn named_members<'py>(
+        py: Python<'py>,
+        module: &Bound<'py, PyAny>,
+        registry: &'static str,
+        prefix: &Bound<'py, PyAny>,
+        recurse: &Bound<'py, PyAny>,
+        remove_duplicate: &Bound<'py, PyAny>,
+        values: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let r = recurse.is_truthy()?;
+        Ok(Bound::new(
+            py,
+            NamedMembers::new(py, module, registry, prefix, r, remove_duplicate, values)?,
+        )?
+        .into_any())
+    }
+}
+
+/// `self.children()` as torch's code calls it.
+pub fn children<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if is_native(g, module, Method::Children) {
+        // children(): `for _, m in self.named_children(): yield m`.
+        if is_native(g, module, Method::NamedChildren) {
+            return body::named_children(py, module, true);
+        }
+        return values_of(py, call_method(module, Method::NamedChildren, ())?);
+    }
+    call_method(module, Method::Children, ())
+}
+
+/// `self.named_parameters(...)`/`named_buffers(...)` as torch's code calls it.
+// The arguments are torch's, plus the walk's context.
+#[allow(clippy::too_many_arguments)]
+fn named_registry<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    which: Method,
+    prefix: &Bound<'py, PyAny>,
+    recurse: &Bound<'py, PyAny>,
+    remove_duplicate: &Bound<'py, PyAny>,
+    values: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let registry = if which == Method::NamedParameters {
+        "_parameters"
+    } else {
+        "_buffers"
+    };
+    if is_native(g, module, which) && is_native(g, module, Method::NamedMembers) {
+        return body::named_members(
+            py,
+            module,
+            registry,
+            prefix,
+            recurse,
+            remove_duplicate,
+            values,
+        );
+    }
+    // The caller passes exactly what torch's code passes: `recurse=` only.
+    let kw = PyDict::new(py);
+    kw.set_item(intern!(py, "recurse"), recurse)?;
+    let it = module.call_method(which.name(), (), Some(&kw))?;
+    if values {
+        values_of(py, it)
+    } else {
+        Ok(it)
+    }
+}
+
+/// `self.parameters()` as torch's code calls it.
+pub fn parameters<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if is_native(g, module, Method::Parameters) {
+        // parameters(recurse=True): `for _, p in self.named_parameters(recurse=recurse)`.
+        let prefix = PyString::new(py, "");
+        let t = PyBool::new(py, true).to_owned().into_any();
+        return named_registry(
+            py,
+            g,
+            module,
+            Method::NamedParameters,
+            prefix.as_any(),
+            &t,
+            &t,
+            true,
+        );
+    }
+    call_method(module, Method::Parameters, ())
+}
+
+/// RAII guard around `Py_EnterRecursiveCall`.
+struct Depth;
+impl Depth {
+    fn enter(py: Python<'_>) -> PyResult<Depth> {
+        if unsafe { ffi::Py_EnterRecursiveCall(c" in a module tree walk".as_ptr()) } != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Depth)
+    }
+}
+impl Drop for Depth {
+    fn drop(&mut self) {
+        unsafe { ffi::Py_LeaveRecursiveCall() };
+    }
+}
+
+/// `module.training = mode` as `Module.__setattr__` does it.
+fn set_training(
+    py: Python<'_>,
+    g: &Globals,
+    module: &Bound<'_, PyAny>,
+    mode: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let name = PyString::intern(py, "training");
+    unsafe {
+        // torch's __setattr__ body runs natively for any module whose class
+        // resolves it to torch's function (a bool is never a Parameter,
+        // Module or tensor).
+        let tp = ffi::Py_TYPE(module.as_ptr());
+        if _PyType_Lookup(tp, g.names.dunder_setattr) == g.orig.setattr
+            && crate::register::object_after_nn_module(g, tp)
+        {
+            return match crate::register::setattr_native(
+                g,
+                module.as_ptr(),
+                name.as_ptr(),
+                mode.as_ptr(),
+            ) {
+                crate::register::Outcome::Done => Ok(()),
+                crate::register::Outcome::Error => Err(PyErr::fetch(py)),
+                crate::register::Outcome::Stock => module.setattr(name, mode),
+            };
+        }
+    }
+    module.setattr(name, mode)
+}
+
+/// torch's `train` body for `module`.
+fn train_body<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    mode: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _depth = Depth::enter(py)?;
+    if !mode.is_instance_of::<PyBool>() {
+        return Err(PyValueError::new_err(
+            "training mode is expected to be boolean",
+        ));
+    }
+    set_training(py, g, module, mode)?;
+    for child in children(py, g, module)?.try_iter()? {
+        let child = child?;
+        if is_native(g, &child, Method::Train) {
+            train_body(py, g, &child, mode)?;
+        } else {
+            call_method(&child, Method::Train, (mode,))?;
+        }
+    }
+    Ok(module.clone())
+}
+
+fn apply_body<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    f: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _depth = Depth::enter(py)?;
+    for child in children(py, g, module)?.try_iter()? {
+        let child = child?;
+        if is_native(g, &child, Method::Apply) {
+            apply_body(py, g, &child, f)?;
+        } else {
+            call_method(&child, Method::Apply, (f,))?;
+        }
+    }
+    f.call1((module,))?;
+    Ok(module.clone())
+}
+
+/// Entry points used by fastmodule's wrappers (which have already checked that
+/// `nn.Module`'s entry is torch's original and bound the arguments): torch's
+/// method body for `module`, natively.
+pub fn call_root<'py>(
+    py: Python<'py>,
+    m: Method,
+    module: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let g = require(py)?;
+    let arg = |i: usize| args.get_item(i);
+    match m {
+        Method::NamedModules => {
+            let memo = arg(0)?;
+            body::named_modules(py, module, Some(memo), &arg(1)?, &arg(2)?, false)
+        }
+        Method::Modules => {
+            // modules(rd): `for _, m in self.named_modules(remove_duplicate=rd)`.
+            let rd = arg(0)?;
+            if is_native(g, module, Method::NamedModules) {
+                let prefix = PyString::new(py, "");
+                return body::named_modules(py, module, None, prefix.as_any(), &rd, true);
+            }
+            let kw = PyDict::new(py);
+            kw.set_item(intern!(py, "remove_duplicate"), &rd)?;
+            values_of(
+                py,
+                module.call_method(intern!(py, "named_modules"), (), Some(&kw))?,
+            )
+        }
+        Method::NamedChildren => body::named_children(py, module, false),
+        Method::Children => {
+            if is_native(g, module, Method::NamedChildren) {
+                return body::named_children(py, module, true);
+            }
+            values_of(py, call_method(module, Method::NamedChildren, ())?)
+        }
+        Method::NamedParameters | Method::NamedBuffers => {
+            let registry = if m == Method::NamedParameters {
+                "_parameters"
+            } else {
+                "_buffers"
+            };
+            let (prefix, recurse, rd) = (arg(0)?, arg(1)?, arg(2)?);
+            if is_native(g, module, Method::NamedMembers) {
+                return body::named_members(py, module, registry, &prefix, &recurse, &rd, false);
+            }
+            // An overriding _named_members gets torch's getter.
+            torch_method(py, m)?.call1((module, prefix, recurse, rd))
+        }
+        Method::Parameters | Method::Buffers => {
+            let which = if m == Method::Parameters {
+                Method::NamedParameters
+            } else {
+                Method::NamedBuffers
+            };
+            let recurse = arg(0)?;
+            let prefix = PyString::new(py, "");
+            let t = PyBool::new(py, true).to_owned().into_any();
+            named_registry(py, g, module, which, prefix.as_any(), &recurse, &t, true)
+        }
+        Method::Train => train_body(py, g, module, &arg(0)?),
+        Method::Eval => {
+            let f = PyBool::new(py, false).to_owned().into_any();
+            if is_native(g, module, Method::Train) {
+                return train_body(py, g, module, &f);
+            }
+            call_method(module, Method::Train, (f,))
+        }
+        Method::RequiresGrad => {
+            let flag = arg(0)?;
+            for p in parameters(py, g, module)?.try_iter()? {
+                p?.call_method1(intern!(py, "requires_grad_"), (&flag,))?;
+            }
+            Ok(module.clone())
+        }
+        Method::ZeroGrad => {
+            // The `_is_replica` warning is issued by the Python wrapper, so
+            // that its stacklevel points at the caller as in torch.
+            let set_to_none = arg(0)?;
+            let grad = PyString::intern(py, "grad");
+            for p in parameters(py, g, module)?.try_iter()? {
+                let p = p?;
+                if p.getattr(&grad)?.is_none() {
+                    continue;
+                }
+                if set_to_none.is_truthy()? {
+                    p.setattr(&grad, py.None())?;
+                } else {
+                    if !p.getattr(&grad)?.getattr(intern!(py, "grad_fn"))?.is_none() {
+                        p.getattr(&grad)?.call_method0(intern!(py, "detach_"))?;
+                    } else {
+                        p.getattr(&grad)?
+                            .call_method1(intern!(py, "requires_grad_"), (false,))?;
+                    }
+                    p.getattr(&grad)?.call_method0(intern!(py, "zero_"))?;
+                }
+            }
+            Ok(py.None().into_bound(py))
+        }
+        Method::Apply => apply_body(py, g, module, &arg(0)?),
+        Method::NamedMembers => Err(pyo3::exceptions::PyTypeError::new_err(
+            "_named_members is not a wrapped entry point",
+        )),
+    }
+}
+
+/// Look a wrapped method up by name.
+pub fn method_named(name: &str) -> Option<Method> {
+    METHODS.iter().copied().find(|m| m.name() == name)
+}
