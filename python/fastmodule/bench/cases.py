@@ -195,6 +195,65 @@ def _build_call_after_trace(device: torch.device) -> dict[str, Variant]:
     )
 
 
+def _tree_block_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.lin = nn.Linear(4, 4)
+    self.norm = nn.LayerNorm(4)
+    self.register_buffer("scale", torch.ones(4))
+
+
+def _tree_init(self: nn.Module, blocks: int = 2000) -> None:
+    nn.Module.__init__(self)
+    for i in range(blocks):
+        self.add_module(f"b{i}", type(self).block_cls())
+
+
+StockTreeBlock, FastTreeBlock = _pair("TreeBlock", {"__init__": _tree_block_init})
+StockTree, FastTree = _pair(
+    "Tree", {"__init__": _tree_init}, block_cls=(StockTreeBlock, FastTreeBlock)
+)
+
+
+def _tree_builder(
+    stmt: str, lower: Callable[[nn.Module], Variant]
+) -> Callable[[torch.device], dict[str, Variant]]:
+    """A whole-tree operation on the design notes' wide tree.
+
+    2000 blocks of Linear(4,4) + LayerNorm(4) + a buffer: 6001 modules, 10000 tensors.
+    """
+
+    def build(device: torch.device) -> dict[str, Variant]:
+        torch.manual_seed(0)
+        stock, fast = StockTree(), FastTree()
+        fast.load_state_dict(stock.state_dict())
+        return _three(Variant(stmt, {"m": stock}), Variant(stmt, {"m": fast}), lower(stock))
+
+    return build
+
+
+def _flat_lower(kind: str) -> Callable[[nn.Module], Variant]:
+    """The same list without a walk: copying a list built once beforehand."""
+
+    def make(stock: nn.Module) -> Variant:
+        flat = {
+            "named_parameters": list(stock.named_parameters()),
+            "parameters": list(stock.parameters()),
+            "named_modules": list(stock.named_modules()),
+        }[kind]
+        return Variant("list(flat)", {"flat": flat})
+
+    return make
+
+
+def _loop_lower(stmt: str, items: str) -> Callable[[nn.Module], Variant]:
+    """The per-item work of a walk over a pre-built flat list."""
+
+    def make(stock: nn.Module) -> Variant:
+        return Variant(stmt, {"flat": list(getattr(stock, items)())})
+
+    return make
+
+
 def _plain_object() -> Plain:
     obj = Plain()
     obj.plain = torch.zeros(4)
@@ -292,6 +351,34 @@ CASES: tuple[Case, ...] = (
         "call_after_trace",
         "parent(x) calling a child, after an FX trace and a torch.export of it",
         _build_call_after_trace,
+    ),
+    Case(
+        "tree_named_parameters",
+        "list(m.named_parameters()) on 2000 blocks (6001 modules, 10000 tensors)",
+        _tree_builder("list(m.named_parameters())", _flat_lower("named_parameters")),
+    ),
+    Case(
+        "tree_parameters",
+        "list(m.parameters()) on the same tree",
+        _tree_builder("list(m.parameters())", _flat_lower("parameters")),
+    ),
+    Case(
+        "tree_named_modules",
+        "list(m.named_modules()) on the same tree",
+        _tree_builder("list(m.named_modules())", _flat_lower("named_modules")),
+    ),
+    Case(
+        "tree_train",
+        "m.train() on the same tree",
+        _tree_builder(
+            "m.train()",
+            _loop_lower("for x in flat: object.__setattr__(x, 'training', True)", "modules"),
+        ),
+    ),
+    Case(
+        "tree_zero_grad",
+        "m.zero_grad() on the same tree (grads already None)",
+        _tree_builder("m.zero_grad()", _loop_lower("for p in flat: p.grad", "parameters")),
     ),
     Case(
         "mlp64",
