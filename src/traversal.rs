@@ -537,7 +537,7 @@ impl NamedChildren {
         })
     }
 
-    fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    pub fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if let Some(m) = self.module.take() {
             // The generator body starts on the first next(): read _modules now.
             self.items = Some(Items::of(m.bind(py), intern!(py, "_modules"))?);
@@ -707,6 +707,53 @@ pub fn children<'py>(
     call_method(module, Method::Children, ())
 }
 
+/// `for child in self.children(): f(child)`, without a Python iterator when
+/// `children`/`named_children` are torch's.
+fn for_each_child<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    if is_native(g, module, Method::Children) && is_native(g, module, Method::NamedChildren) {
+        let mut nc = NamedChildren::new(module, true)?;
+        while let Some(child) = nc.step(py)? {
+            f(&child)?;
+        }
+        return Ok(());
+    }
+    for child in children(py, g, module)?.try_iter()? {
+        f(&child?)?;
+    }
+    Ok(())
+}
+
+/// `for p in self.parameters(): f(p)`, natively when the whole dispatch chain
+/// (`parameters` → `named_parameters` → `_named_members`) is torch's.
+fn for_each_parameter<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    if is_native(g, module, Method::Parameters)
+        && is_native(g, module, Method::NamedParameters)
+        && is_native(g, module, Method::NamedMembers)
+    {
+        let prefix = PyString::new(py, "");
+        let t = PyBool::new(py, true).to_owned().into_any();
+        let mut nm = NamedMembers::new(py, module, "_parameters", prefix.as_any(), true, &t, true)?;
+        while let Some(p) = nm.step(py)? {
+            f(&p)?;
+        }
+        return Ok(());
+    }
+    for p in parameters(py, g, module)?.try_iter()? {
+        f(&p?)?;
+    }
+    Ok(())
+}
+
 /// `self.named_parameters(...)`/`named_buffers(...)` as torch's code calls it.
 // The arguments are torch's, plus the walk's context.
 #[allow(clippy::too_many_arguments)]
@@ -832,14 +879,14 @@ fn train_body<'py>(
         ));
     }
     set_training(py, g, module, mode)?;
-    for child in children(py, g, module)?.try_iter()? {
-        let child = child?;
-        if is_native(g, &child, Method::Train) {
-            train_body(py, g, &child, mode)?;
+    for_each_child(py, g, module, |child| {
+        if is_native(g, child, Method::Train) {
+            train_body(py, g, child, mode)?;
         } else {
-            call_method(&child, Method::Train, (mode,))?;
+            call_method(child, Method::Train, (mode,))?;
         }
-    }
+        Ok(())
+    })?;
     Ok(module.clone())
 }
 
@@ -850,14 +897,14 @@ fn apply_body<'py>(
     f: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let _depth = Depth::enter(py)?;
-    for child in children(py, g, module)?.try_iter()? {
-        let child = child?;
-        if is_native(g, &child, Method::Apply) {
-            apply_body(py, g, &child, f)?;
+    for_each_child(py, g, module, |child| {
+        if is_native(g, child, Method::Apply) {
+            apply_body(py, g, child, f)?;
         } else {
-            call_method(&child, Method::Apply, (f,))?;
+            call_method(child, Method::Apply, (f,))?;
         }
-    }
+        Ok(())
+    })?;
     f.call1((module,))?;
     Ok(module.clone())
 }
@@ -933,9 +980,10 @@ pub fn call_root<'py>(
         }
         Method::RequiresGrad => {
             let flag = arg(0)?;
-            for p in parameters(py, g, module)?.try_iter()? {
-                p?.call_method1(intern!(py, "requires_grad_"), (&flag,))?;
-            }
+            for_each_parameter(py, g, module, |p| {
+                p.call_method1(intern!(py, "requires_grad_"), (&flag,))?;
+                Ok(())
+            })?;
             Ok(module.clone())
         }
         Method::ZeroGrad => {
@@ -943,10 +991,9 @@ pub fn call_root<'py>(
             // that its stacklevel points at the caller as in torch.
             let set_to_none = arg(0)?;
             let grad = PyString::intern(py, "grad");
-            for p in parameters(py, g, module)?.try_iter()? {
-                let p = p?;
+            for_each_parameter(py, g, module, |p| {
                 if p.getattr(&grad)?.is_none() {
-                    continue;
+                    return Ok(());
                 }
                 if set_to_none.is_truthy()? {
                     p.setattr(&grad, py.None())?;
@@ -959,7 +1006,8 @@ pub fn call_root<'py>(
                     }
                     p.getattr(&grad)?.call_method0(intern!(py, "zero_"))?;
                 }
-            }
+                Ok(())
+            })?;
             Ok(py.None().into_bound(py))
         }
         Method::Apply => apply_body(py, g, module, &arg(0)?),
