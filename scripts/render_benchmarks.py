@@ -1,0 +1,58 @@
+"""Render ``python -m fastmodule bench --json`` results as the tables of BENCHMARKS.md.
+
+Usage: python scripts/render_benchmarks.py RESULT.json [MORE.json ...] > section.md
+Each JSON file becomes one section with its machine, versions, date and table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def _fmt(ns: float) -> str:
+    return f"{ns:.1f} ns" if ns < 1000 else f"{ns / 1000:.2f} µs"
+
+
+def _cell(stats: dict[str, float]) -> str:
+    return f"{_fmt(stats['median'])} ({_fmt(stats['min'])}–{_fmt(stats['max'])})"
+
+
+def render(path: str) -> str:
+    """One markdown section for one JSON result file."""
+    with open(path) as f:
+        data: dict[str, Any] = json.load(f)
+    meta = data["meta"]
+    lines = [
+        f"### {meta['date']} — Python {meta['python']}, torch {meta['torch']}, {meta['device']}",
+        "",
+        f"- machine: {meta['platform']}, CPU {meta['cpu']}, {os.cpu_count()} cores, "
+        f"{meta['threads']} torch thread(s)",
+        f"- fastmodule {meta['fastmodule']}; {meta['repeats']} interleaved repeats of "
+        f"~{meta['target_s'] * 1000:.0f} ms loops per column",
+        "",
+        "| case | stock | fastmodule | lower bound | speedup | overhead removed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        removed = r.get("overhead_removed")
+        removed_s = "n/a" if removed is None else f"{removed * 100:.0f}%"
+        lines.append(
+            f"| {r['case']} | {_cell(r['stock'])} | {_cell(r['fast'])} | {_cell(r['lower'])} "
+            f"| {r['speedup']:.2f}x | {removed_s} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print("\n".join(render(p) for p in argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
