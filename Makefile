@@ -42,8 +42,8 @@ bench-pytest: build-prod
 lint: setup
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
-	$(VENV)/bin/ruff check python tests benches scripts
-	$(VENV)/bin/ruff format --check python tests benches scripts
+	$(VPY) -m ruff check python tests benches scripts
+	$(VPY) -m ruff format --check python tests benches scripts
 
 # Release wheels for CPython 3.11 and 3.12 (x86_64 manylinux), then install
 # each into a clean venv and import it.
