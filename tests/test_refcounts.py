@@ -103,3 +103,50 @@ def test_classes_are_collected() -> None:
     ref = weakref.ref(make())
     gc.collect()
     assert ref() is None
+
+
+def test_tree_walks_keep_refcounts_flat() -> None:
+    class Block(fastmodule.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("b", torch.zeros(1))
+
+    class Root(fastmodule.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(5))
+            self.shared = self.blocks[0]
+
+    m = Root()
+    tracked = [m, m.blocks, m.blocks[0].lin.weight, m.blocks[1].b]
+    before = [sys.getrefcount(o) for o in tracked]
+    for _ in range(2000):
+        list(m.named_modules())
+        list(m.modules())
+        list(m.named_parameters())
+        list(m.parameters(recurse=False))
+        list(m.named_buffers(prefix="p"))
+        list(m.children())
+        it = m.named_parameters()
+        next(it)
+        del it
+        m.train()
+        m.eval()
+        m.requires_grad_(True)
+        m.zero_grad()
+        m.apply(lambda mod: None)
+    gc.collect()
+    assert [sys.getrefcount(o) for o in tracked] == before
+
+
+def test_abandoned_walk_iterators_are_collected() -> None:
+    m = Net()
+    it = m.named_modules()
+    next(it)
+    ref = weakref.ref(m)
+    cycle: list[Any] = [it]
+    cycle.append(cycle)
+    del it, m, cycle
+    gc.collect()
+    assert ref() is None
