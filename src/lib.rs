@@ -88,6 +88,62 @@ fn native_tracing_probe() -> bool {
     tracing::native()
 }
 
+/// A value that changes whenever a dict is mutated: CPython's version tag
+/// (insertion, deletion, rebinding), plus, for an exact `OrderedDict`, its
+/// linked-list state (which also moves on `move_to_end`). None for non-dicts.
+#[pyfunction]
+fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    if !d.is_instance_of::<pyo3::types::PyDict>() {
+        return Ok(None);
+    }
+    #[allow(deprecated)]
+    let tag = unsafe { (*(d.as_ptr() as *mut pyo3::ffi::PyDictObject)).ma_version_tag };
+    let od_state = if d
+        .get_type()
+        .is(py.import("collections")?.getattr("OrderedDict")?)
+    {
+        match odict_state_offset(py)? {
+            Some(off) => unsafe { *((d.as_ptr() as *const u8).add(off) as *const u64) },
+            // Layout not recognised: report "always changed".
+            None => u64::MAX - tag,
+        }
+    } else {
+        0
+    };
+    Ok(Some((tag, od_state)))
+}
+
+/// Offset of `od_state` in CPython's `PyODictObject` (after the dict and five
+/// pointer-sized fields), verified once on a live OrderedDict.
+fn odict_state_offset(py: Python<'_>) -> PyResult<Option<usize>> {
+    static OFFSET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if let Some(o) = OFFSET.get() {
+        return Ok(*o);
+    }
+    let off = std::mem::size_of::<pyo3::ffi::PyDictObject>() + 5 * std::mem::size_of::<usize>();
+    let od = py.import("collections")?.getattr("OrderedDict")?.call0()?;
+    let read =
+        |o: &Bound<'_, PyAny>| unsafe { *((o.as_ptr() as *const u8).add(off) as *const u64) };
+    let ok = (|| -> PyResult<bool> {
+        let basic =
+            unsafe { (*(od.get_type().as_ptr() as *mut pyo3::ffi::PyTypeObject)).tp_basicsize };
+        if basic < (off + 8) as isize {
+            return Ok(false);
+        }
+        od.set_item("a", 1)?;
+        od.set_item("b", 2)?;
+        let s0 = read(&od);
+        od.call_method1("move_to_end", ("a",))?;
+        let s1 = read(&od);
+        od.call_method1("move_to_end", ("b",))?;
+        let s2 = read(&od);
+        Ok(s1 != s0 && s2 != s1)
+    })()?;
+    let result = if ok { Some(off) } else { None };
+    let _ = OFFSET.set(result);
+    Ok(result)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
@@ -96,6 +152,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(serving_registration, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;
     m.add_class::<traversal::NamedChildren>()?;

@@ -14,3 +14,9 @@ def native_tracing_probe() -> bool:
 
 def serving_registration() -> bool:
     """Whether torch's registration functions are served natively."""
+
+def walk(method: str, module: object, *args: object) -> object:
+    """torch's tree-walk method ``method`` for ``module``, run natively."""
+
+def dict_version(d: object) -> int | None:
+    """A dict's version tag (changes on any mutation); None for non-dicts."""

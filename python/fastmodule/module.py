@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, walks
+from fastmodule import _core, loading, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -42,6 +42,8 @@ class Module(torch.nn.Module):
     requires_grad_ = walks.requires_grad_
     zero_grad = walks.zero_grad
     apply = walks.apply
+    # Linear-time load_state_dict (torch's per-module loading, bucketed keys).
+    load_state_dict = loading.load_state_dict
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

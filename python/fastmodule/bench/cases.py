@@ -215,7 +215,7 @@ StockTree, FastTree = _pair(
 
 
 def _tree_builder(
-    stmt: str, lower: Callable[[nn.Module], Variant]
+    stmt: str, lower: Callable[[nn.Module], Variant], blocks: int = 2000
 ) -> Callable[[torch.device], dict[str, Variant]]:
     """A whole-tree operation on the design notes' wide tree.
 
@@ -224,9 +224,14 @@ def _tree_builder(
 
     def build(device: torch.device) -> dict[str, Variant]:
         torch.manual_seed(0)
-        stock, fast = StockTree(), FastTree()
-        fast.load_state_dict(stock.state_dict())
-        return _three(Variant(stmt, {"m": stock}), Variant(stmt, {"m": fast}), lower(stock))
+        stock, fast = StockTree(blocks), FastTree(blocks)
+        sd = stock.state_dict()
+        fast.load_state_dict(sd)
+        return _three(
+            Variant(stmt, {"m": stock, "sd": sd}),
+            Variant(stmt, {"m": fast, "sd": sd}),
+            lower(stock),
+        )
 
     return build
 
@@ -252,6 +257,22 @@ def _loop_lower(stmt: str, items: str) -> Callable[[nn.Module], Variant]:
         return Variant(stmt, {"flat": list(getattr(stock, items)())})
 
     return make
+
+
+def _copy_lower(stock: nn.Module) -> Variant:
+    """load_state_dict's unavoidable work: one in-place copy per tensor."""
+    sd = stock.state_dict()
+    pairs = [(t, sd[k]) for k, t in stock.state_dict(keep_vars=True).items()]
+    return Variant(
+        "with torch.no_grad():\n        for dst, src in pairs: dst.copy_(src)",
+        {"pairs": pairs, "torch": torch},
+    )
+
+
+def _detach_lower(stock: nn.Module) -> Variant:
+    """state_dict's unavoidable work: detaching each of the 10000 tensors."""
+    flat = list(stock.state_dict(keep_vars=True).values())
+    return Variant("[t.detach() for t in flat]", {"flat": flat})
 
 
 def _plain_object() -> Plain:
@@ -366,6 +387,16 @@ CASES: tuple[Case, ...] = (
         "tree_named_modules",
         "list(m.named_modules()) on the same tree",
         _tree_builder("list(m.named_modules())", _flat_lower("named_modules")),
+    ),
+    Case(
+        "tree_state_dict",
+        "m.state_dict() on the same tree",
+        _tree_builder("m.state_dict()", _loop_lower("[t.detach() for t in flat]", "parameters")),
+    ),
+    Case(
+        "tree_load_state_dict",
+        "m.load_state_dict(sd) on a 500-block tree (stock is quadratic in width)",
+        _tree_builder("m.load_state_dict(sd)", _copy_lower, blocks=500),
     ),
     Case(
         "tree_train",
