@@ -122,15 +122,7 @@ pub unsafe fn has_attr(
             }
         };
     }
-    let mut out: *mut ffi::PyObject = std::ptr::null_mut();
-    match ffi::compat::PyObject_GetOptionalAttr(obj, name, &mut out) {
-        1 => {
-            ffi::Py_DECREF(out);
-            Ok(true)
-        }
-        0 => Ok(false),
-        _ => Err(()),
-    }
+    crate::lookup::has_attr_generic(obj, name)
 }
 
 /// Native body of `nn.Module.__getattr__(self, name)` for a fastmodule

@@ -109,3 +109,20 @@ pub unsafe fn call_with_self(
         ffi::PyObject_VectorcallDict(func, v.as_ptr(), n + 1, kwargs)
     }
 }
+
+/// `hasattr(obj, name)` through the object's own `tp_getattro`: Ok(bool), or
+/// Err(()) with an exception set (only AttributeError means "no").
+pub unsafe fn has_attr_generic(
+    obj: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> Result<bool, ()> {
+    let mut out: *mut ffi::PyObject = std::ptr::null_mut();
+    match ffi::compat::PyObject_GetOptionalAttr(obj, name, &mut out) {
+        1 => {
+            ffi::Py_DECREF(out);
+            Ok(true)
+        }
+        0 => Ok(false),
+        _ => Err(()),
+    }
+}

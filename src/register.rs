@@ -102,6 +102,29 @@ unsafe fn exact_attr(
     }
 }
 
+/// Several registry attributes at once, each an exact dict (or set when the
+/// flag says so); Err(Stock) when any is unusual, Err(Error) on an exception.
+unsafe fn exact_attrs<const N: usize>(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    wanted: [(*mut ffi::PyObject, bool); N],
+) -> Result<[*mut ffi::PyObject; N], Outcome> {
+    let mut out = [std::ptr::null_mut(); N];
+    let mut unusual = false;
+    for (slot, (name, want_set)) in out.iter_mut().zip(wanted) {
+        match exact_attr(tp, dict, name, want_set) {
+            Ok(v) => *slot = v,
+            Err(Outcome::Error) => return Err(Outcome::Error),
+            Err(_) => unusual = true,
+        }
+    }
+    if unusual {
+        Err(Outcome::Stock)
+    } else {
+        Ok(out)
+    }
+}
+
 /// `remove_from(...)` of `Module.__setattr__` over exact dicts and one set.
 unsafe fn remove_from(
     dicts: &[*mut ffi::PyObject],
@@ -469,7 +492,7 @@ pub unsafe fn register_buffer(
     if tensor != ffi::Py_None() {
         let ok = match ffi::PyObject_IsInstance(tensor, g.tensor as *mut ffi::PyObject) {
             1 => true,
-            0 => match has_attr_generic(tensor, n.torch_function) {
+            0 => match crate::lookup::has_attr_generic(tensor, n.torch_function) {
                 Ok(b) => b,
                 Err(()) => return Outcome::Error,
             },
@@ -596,18 +619,6 @@ pub unsafe fn add_module(
     r
 }
 
-unsafe fn has_attr_generic(obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Result<bool, ()> {
-    let mut out: *mut ffi::PyObject = std::ptr::null_mut();
-    match ffi::compat::PyObject_GetOptionalAttr(obj, name, &mut out) {
-        1 => {
-            ffi::Py_DECREF(out);
-            Ok(true)
-        }
-        0 => Ok(false),
-        _ => Err(()),
-    }
-}
-
 /// Does `self.<method>` resolve to torch's own implementation?
 /// Only then may a fast path run its body natively instead of calling it.
 #[inline(always)]
@@ -681,16 +692,17 @@ unsafe fn setattr_fast(
             );
             return Outcome::Error;
         }
-        let (bufs, mods, np) = match (
-            exact_attr(tp, dict, n.buffers, false),
-            exact_attr(tp, dict, n.modules, false),
-            exact_attr(tp, dict, n.non_persistent, true),
+        let [bufs, mods, np] = match exact_attrs(
+            tp,
+            dict,
+            [
+                (n.buffers, false),
+                (n.modules, false),
+                (n.non_persistent, true),
+            ],
         ) {
-            (Ok(b), Ok(m), Ok(s)) => (b, m, s),
-            (Err(Outcome::Error), _, _)
-            | (_, Err(Outcome::Error), _)
-            | (_, _, Err(Outcome::Error)) => return Outcome::Error,
-            _ => return Outcome::Stock,
+            Ok(v) => v,
+            Err(o) => return o,
         };
         let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
         if native {
@@ -749,16 +761,17 @@ unsafe fn setattr_fast(
             );
             return Outcome::Error;
         }
-        let (ps, bufs, np) = match (
-            exact_attr(tp, dict, n.parameters, false),
-            exact_attr(tp, dict, n.buffers, false),
-            exact_attr(tp, dict, n.non_persistent, true),
+        let [ps, bufs, np] = match exact_attrs(
+            tp,
+            dict,
+            [
+                (n.parameters, false),
+                (n.buffers, false),
+                (n.non_persistent, true),
+            ],
         ) {
-            (Ok(p), Ok(b), Ok(s)) => (p, b, s),
-            (Err(Outcome::Error), _, _)
-            | (_, Err(Outcome::Error), _)
-            | (_, _, Err(Outcome::Error)) => return Outcome::Error,
-            _ => return Outcome::Stock,
+            Ok(v) => v,
+            Err(o) => return o,
         };
         match no_reg_hooks(g, n.global_module_reg_hooks) {
             Ok(true) => {}
@@ -838,18 +851,18 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
     }
     let tp = ffi::Py_TYPE(obj);
     let n = &g.names;
-    let (ps, bufs, mods, np) = match (
-        exact_attr(tp, dict, n.parameters, false),
-        exact_attr(tp, dict, n.buffers, false),
-        exact_attr(tp, dict, n.modules, false),
-        exact_attr(tp, dict, n.non_persistent, true),
+    let [ps, bufs, mods, np] = match exact_attrs(
+        tp,
+        dict,
+        [
+            (n.parameters, false),
+            (n.buffers, false),
+            (n.modules, false),
+            (n.non_persistent, true),
+        ],
     ) {
-        (Ok(p), Ok(b), Ok(m), Ok(s)) => (p, b, m, s),
-        (Err(Outcome::Error), _, _, _)
-        | (_, Err(Outcome::Error), _, _)
-        | (_, _, Err(Outcome::Error), _)
-        | (_, _, _, Err(Outcome::Error)) => return Outcome::Error,
-        _ => return Outcome::Stock,
+        Ok(v) => v,
+        Err(o) => return o,
     };
     for (reg, is_buf) in [(ps, false), (bufs, true), (mods, false)] {
         match ffi::PyDict_Contains(reg, name) {
