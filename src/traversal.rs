@@ -193,7 +193,7 @@ struct Frame {
 }
 
 /// Native `named_modules(memo, prefix, remove_duplicate)` generator.
-#[pyclass(module = "fastmodule._core", unsendable)]
+#[pyclass(module = "fastmodule._core")]
 pub struct NamedModules {
     /// Yield only the module of each pair (`modules()`).
     values: bool,
@@ -363,7 +363,7 @@ enum Source {
 }
 
 /// Native `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
-#[pyclass(module = "fastmodule._core", unsendable)]
+#[pyclass(module = "fastmodule._core")]
 pub struct NamedMembers {
     values: bool,
     source: Source,
@@ -519,7 +519,7 @@ impl NamedMembers {
 }
 
 /// Native `named_children()` generator.
-#[pyclass(module = "fastmodule._core", unsendable)]
+#[pyclass(module = "fastmodule._core")]
 pub struct NamedChildren {
     values: bool,
     items: Option<Items>,
@@ -591,7 +591,7 @@ impl NamedChildren {
 
 /// Yields the second item of each pair of another iterator (`children()`
 /// over an overriding `named_children`, and the like).
-#[pyclass(module = "fastmodule._core", unsendable)]
+#[pyclass(module = "fastmodule._core")]
 pub struct Values {
     inner: Option<Py<PyIterator>>,
 }
