@@ -19,10 +19,13 @@ class Module(torch.nn.Module):
     registering them, and the whole-tree walks (``named_modules``,
     ``named_parameters``, ``parameters``, ``buffers``, ``children``, ``train``,
     ``eval``, ``requires_grad_``, ``zero_grad``, ``apply``) run in Rust with
-    exactly stock semantics. Nothing
-    Python-visible changes: ``type(m).__call__`` is ``torch.nn.Module.__call__``
-    and the registries are the usual dicts, so ``torch.compile``, FX, export and
-    every tool that patches ``torch.nn.Module`` see a stock module. Any case the
+    exactly stock semantics, and ``load_state_dict`` runs in linear time. For
+    the call, attribute and registration paths nothing Python-visible changes:
+    ``type(m).__call__`` is ``torch.nn.Module.__call__`` and the registries are
+    the usual dicts, so ``torch.compile``, FX, export and tools that patch
+    ``torch.nn.Module`` see a stock module. The walk methods and
+    ``load_state_dict`` are defined here with torch's signatures and docstrings
+    and run torch's own code under ``torch.compile`` or when patched. Any case a
     fast path does not cover (hooks, jit tracing, ``module.compile()``, an
     overridden ``__call__``/``__getattr__``/``__setattr__``, a patched base
     class) runs torch's own code.
