@@ -83,7 +83,7 @@ pub unsafe fn store(
     forward: *mut ffi::PyObject,
 ) {
     let tv = (*tp).tp_version_tag;
-    if tv == 0 || ffi::PyDict_CheckExact(dict) == 0 {
+    if cfg!(Py_3_13) || tv == 0 || ffi::PyDict_CheckExact(dict) == 0 {
         return;
     }
     (*TABLE.0.get())[index(dict)] = Entry {

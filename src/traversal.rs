@@ -818,11 +818,30 @@ pub fn parameters<'py>(
     call_method(module, Method::Parameters, ())
 }
 
-/// RAII guard around `Py_EnterRecursiveCall`.
+thread_local! {
+    /// Depth of the eager walks' native recursion on this thread.
+    static WALK_DEPTH: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+/// RAII guard for one level of an eager walk: RecursionError where torch's
+/// Python recursion would exceed the recursion limit (from 3.13 on,
+/// `Py_EnterRecursiveCall` only guards the C stack, with a higher limit), and
+/// `Py_EnterRecursiveCall` for the native stack itself.
 struct Depth;
 impl Depth {
     fn enter(py: Python<'_>) -> PyResult<Depth> {
+        let depth = WALK_DEPTH.with(|d| {
+            d.set(d.get() + 1);
+            d.get()
+        });
+        if depth > i64::from(unsafe { ffi::Py_GetRecursionLimit() }) {
+            WALK_DEPTH.with(|d| d.set(d.get() - 1));
+            return Err(pyo3::exceptions::PyRecursionError::new_err(
+                "maximum recursion depth exceeded",
+            ));
+        }
         if unsafe { ffi::Py_EnterRecursiveCall(c" in a module tree walk".as_ptr()) } != 0 {
+            WALK_DEPTH.with(|d| d.set(d.get() - 1));
             return Err(PyErr::fetch(py));
         }
         Ok(Depth)
@@ -830,6 +849,7 @@ impl Depth {
 }
 impl Drop for Depth {
     fn drop(&mut self) {
+        WALK_DEPTH.with(|d| d.set(d.get() - 1));
         unsafe { ffi::Py_LeaveRecursiveCall() };
     }
 }
