@@ -27,50 +27,42 @@ unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
     matches!(hook_dict_len(h, g.odict), Some(0))
 }
 
-/// What `decide` found, for the call cache.
-struct Found {
-    hooks: [*mut ffi::PyObject; 4],
-}
+/// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
+type Hooks = [*mut ffi::PyObject; 4];
 
+/// What depends only on the instance `__dict__` and the class (so the call
+/// cache may remember it): `_compiled_call_impl` is None, and where the hook
+/// registries are. Err carries the reason to hand over.
 #[inline(always)]
-unsafe fn decide(
+unsafe fn resolve(
     g: &Globals,
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
-    found: &mut Found,
-) -> Decision {
-    if dict.is_null() || custom_eval_frame() {
-        return Decision::Stock;
+) -> Result<Hooks, Decision> {
+    if dict.is_null() {
+        return Err(Decision::Stock);
     }
     let n = &g.names;
     match plain_attr(tp, dict, n.compiled_call_impl) {
         Plain::Found(v) if v == ffi::Py_None() => {}
-        Plain::Error => return Decision::Error,
-        _ => return Decision::Stock,
+        Plain::Error => return Err(Decision::Error),
+        _ => return Err(Decision::Stock),
     }
-    match is_tracing(g) {
-        Ok(false) => {}
-        Ok(true) => return Decision::Stock,
-        Err(()) => return Decision::Error,
-    }
-    for (slot, &name) in found.hooks.iter_mut().zip(n.instance_hooks.iter()) {
+    let mut hooks: Hooks = [std::ptr::null_mut(); 4];
+    for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
         match plain_attr(tp, dict, name) {
-            Plain::Found(h) if empty_hooks(h, g) => *slot = h,
-            Plain::Error => return Decision::Error,
-            _ => return Decision::Stock,
+            Plain::Found(h) => *slot = h,
+            Plain::Error => return Err(Decision::Error),
+            Plain::Unusual => return Err(Decision::Stock),
         }
     }
-    match crate::hooks::global_call_hooks_empty(g) {
-        Ok(true) => Decision::Forward,
-        Ok(false) => Decision::Stock,
-        Err(()) => Decision::Error,
-    }
+    Ok(hooks)
 }
 
-/// The checks of `decide` that read live state, for a call whose instance
-/// `__dict__` and class are unchanged since `decide` last ran on them.
+/// The checks that read live state on every call: a PEP 523 evaluator, jit
+/// tracing, and whether all 8 hook registries are empty plain dicts.
 #[inline(always)]
-unsafe fn decide_cached(g: &Globals, e: &crate::callcache::Entry) -> Decision {
+unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
     if custom_eval_frame() {
         return Decision::Stock;
     }
@@ -79,10 +71,8 @@ unsafe fn decide_cached(g: &Globals, e: &crate::callcache::Entry) -> Decision {
         Ok(true) => return Decision::Stock,
         Err(()) => return Decision::Error,
     }
-    for &h in &e.hooks {
-        if !empty_hooks(h, g) {
-            return Decision::Stock;
-        }
+    if !hooks.iter().all(|&h| empty_hooks(h, g)) {
+        return Decision::Stock;
     }
     match crate::hooks::global_call_hooks_empty(g) {
         Ok(true) => Decision::Forward,
@@ -131,7 +121,7 @@ unsafe fn call_forward(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
     args: Args,
-    found: Option<&Found>,
+    hooks: &Hooks,
 ) -> *mut ffi::PyObject {
     let name = g.names.forward;
     let descr = _PyType_Lookup(tp, name);
@@ -148,9 +138,7 @@ unsafe fn call_forward(
             return std::ptr::null_mut();
         }
         if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
-            if let Some(f) = found {
-                crate::callcache::store(tp, dict, f.hooks, descr);
-            }
+            crate::callcache::store(tp, dict, *hooks, descr);
             return call_function(descr, slf, args);
         }
     }
@@ -188,19 +176,22 @@ unsafe fn fast_call(
     let tp = ffi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     if let Some(e) = crate::callcache::lookup(tp, dict) {
-        return match decide_cached(g, e) {
+        return match live(g, &e.hooks) {
             Decision::Forward => Some(call_function(e.forward, slf, args)),
             Decision::Stock => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
     }
-    let mut found = Found {
-        hooks: [std::ptr::null_mut(); 4],
+    let decision = match resolve(g, tp, dict) {
+        Ok(hooks) => match live(g, &hooks) {
+            Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
+            other => other,
+        },
+        Err(other) => other,
     };
-    match decide(g, tp, dict, &mut found) {
-        Decision::Forward => Some(call_forward(g, slf, tp, dict, args, Some(&found))),
-        Decision::Stock => None,
+    match decision {
         Decision::Error => Some(std::ptr::null_mut()),
+        _ => None,
     }
 }
 
