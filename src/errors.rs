@@ -7,6 +7,7 @@ use pyo3::ffi;
 use std::ffi::CStr;
 
 /// A piece of an error message.
+#[derive(Clone, Copy)]
 pub enum Part<'a> {
     Lit(&'a CStr),
     /// A borrowed object, formatted like an f-string field (`format(obj, "")`).

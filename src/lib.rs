@@ -76,12 +76,6 @@ fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, b
     Ok((i.call, i.getattr, i.setattr))
 }
 
-/// True while torch's registration functions are served natively.
-#[pyfunction]
-fn serving_registration(py: Python<'_>) -> PyResult<bool> {
-    methods::serving(py)
-}
-
 /// True when jit-tracing is detected through libtorch directly.
 #[pyfunction]
 fn native_tracing_probe() -> bool {
@@ -150,7 +144,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
-    m.add_function(wrap_pyfunction!(serving_registration, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;

@@ -13,7 +13,6 @@
 //! goes to the function's original vectorcall, i.e. torch's Python code.
 //! Where the interpreter calls a Python function without its vectorcall
 //! (3.11 inlines Python-to-Python calls), torch's code simply runs.
-use crate::ffi_ext::_PyType_Lookup;
 use crate::register::{
     add_module, is_fast_instance, native_method, register_buffer, register_parameter,
     setattr_native, Outcome,
@@ -299,15 +298,4 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
         unsafe { set_vectorcall(w.function(g) as *mut ffi::PyFunctionObject, ours(w)) };
     }
     Ok(())
-}
-
-/// Does torch's `nn.Module.<name>` still resolve to the function we serve?
-/// (For diagnostics: a patched class attribute simply bypasses us.)
-pub fn serving(py: Python<'_>) -> PyResult<bool> {
-    let g = require(py)?;
-    let n = &g.names;
-    Ok(unsafe {
-        _PyType_Lookup(g.nn_module, n.dunder_setattr) == g.orig.setattr
-            && _PyType_Lookup(g.nn_module, n.register_parameter) == g.orig.register_parameter
-    })
 }

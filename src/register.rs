@@ -255,19 +255,14 @@ unsafe fn raise_typename(
         return Outcome::Error;
     }
     let mut parts = vec![Part::Lit(before), Part::Obj(t)];
-    for p in after {
-        parts.push(match p {
-            Part::Lit(c) => Part::Lit(c),
-            Part::Obj(o) => Part::Obj(*o),
-        });
-    }
+    parts.extend_from_slice(after);
     raise(g, exc, &parts);
     ffi::Py_DECREF(t);
     Outcome::Error
 }
 
 /// The name checks shared by register_parameter and register_buffer, in
-/// stock order. `what` is "parameter" or "buffer"; `reg` the registry name.
+/// stock order; `reg` is the registry name, `msgs` the texts for it.
 unsafe fn check_name(
     g: &Globals,
     obj: *mut ffi::PyObject,

@@ -691,6 +691,18 @@ pub mod body {
     }
 }
 
+/// torch's `children` body: `for _, m in self.named_children(): yield m`.
+fn children_body<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if is_native(g, module, Method::NamedChildren) {
+        return body::named_children(py, module, true);
+    }
+    values_of(py, call_method(module, Method::NamedChildren, ())?)
+}
+
 /// `self.children()` as torch's code calls it.
 pub fn children<'py>(
     py: Python<'py>,
@@ -698,11 +710,7 @@ pub fn children<'py>(
     module: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if is_native(g, module, Method::Children) {
-        // children(): `for _, m in self.named_children(): yield m`.
-        if is_native(g, module, Method::NamedChildren) {
-            return body::named_children(py, module, true);
-        }
-        return values_of(py, call_method(module, Method::NamedChildren, ())?);
+        return children_body(py, g, module);
     }
     call_method(module, Method::Children, ())
 }
@@ -960,12 +968,7 @@ pub fn call_root<'py>(
             )
         }
         Method::NamedChildren => body::named_children(py, module, false),
-        Method::Children => {
-            if is_native(g, module, Method::NamedChildren) {
-                return body::named_children(py, module, true);
-            }
-            values_of(py, call_method(module, Method::NamedChildren, ())?)
-        }
+        Method::Children => children_body(py, g, module),
         Method::NamedParameters | Method::NamedBuffers => {
             let registry = if m == Method::NamedParameters {
                 "_parameters"

@@ -12,9 +12,6 @@ def installed(cls: type) -> tuple[bool, bool, bool]:
 def native_tracing_probe() -> bool:
     """Whether jit tracing is detected through libtorch directly."""
 
-def serving_registration() -> bool:
-    """Whether torch's registration functions are served natively."""
-
 def walk(method: str, module: object, *args: object) -> object:
     """torch's tree-walk method ``method`` for ``module``, run natively."""
 
