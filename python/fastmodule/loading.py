@@ -14,20 +14,17 @@ differently) or a child name contains a dot.
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.compiler import is_compiling
 from torch.nn.modules.module import _IncompatibleKeys
 
 from fastmodule import _core
+from fastmodule._dispatch import torch_constant, torch_method
 
 __all__ = ["load_state_dict"]
-
-_TORCH_LOAD = torch.nn.Module.__dict__["load_state_dict"]
 
 
 def _texts() -> dict[str, str] | None:
@@ -38,18 +35,10 @@ def _texts() -> dict[str, str] | None:
         "error": "Error(s) in loading state_dict for ",
         "post_hook": "Hooks registered with ``register_load_state_dict_post_hook``",
     }
-    found: dict[str, str] = {}
-    codes = [_TORCH_LOAD.__code__]
-    while codes:
-        code = codes.pop()
-        for const in code.co_consts:
-            if isinstance(const, str):
-                for key, start in wanted.items():
-                    if const.startswith(start):
-                        found[key] = const
-            elif hasattr(const, "co_consts"):
-                codes.append(const)
-    return found if len(found) == len(wanted) else None
+    found = {key: torch_constant("load_state_dict", start) for key, start in wanted.items()}
+    if any(text is None for text in found.values()):
+        return None
+    return {key: text for key, text in found.items() if text is not None}
 
 
 _TEXTS = _texts()
@@ -150,22 +139,4 @@ def _load_state_dict(
     return _IncompatibleKeys(missing, unexpected)
 
 
-# Argument errors name the function as torch's do.
-_load_state_dict.__code__ = _load_state_dict.__code__.replace(
-    co_name="load_state_dict", co_qualname="Module.load_state_dict"
-)
-_load_state_dict.__name__ = "load_state_dict"
-_load_state_dict.__qualname__ = "Module.load_state_dict"
-
-
-def load_state_dict(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    patched = torch.nn.Module.__dict__.get("load_state_dict") is not _TORCH_LOAD
-    if is_compiling() or _TEXTS is None or patched:
-        # torch's (or the patch's) code, with the caller's exact arguments.
-        return torch.nn.Module.load_state_dict(self, *args, **kwargs)
-    return _load_state_dict(self, *args, **kwargs)
-
-
-load_state_dict.__doc__ = _TORCH_LOAD.__doc__
-load_state_dict.__qualname__ = "Module.load_state_dict"
-load_state_dict.__signature__ = inspect.signature(_TORCH_LOAD)  # type: ignore[attr-defined]
+load_state_dict = torch_method("load_state_dict", _load_state_dict, usable=_TEXTS is not None)

@@ -17,15 +17,14 @@ argument errors read exactly as torch's, and iterators stay lazy generators.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.compiler import is_compiling
 
 from fastmodule import _core
+from fastmodule._dispatch import torch_constant, torch_method
 
 __all__ = [
     "apply",
@@ -43,16 +42,7 @@ __all__ = [
     "zero_grad",
 ]
 
-_Torch = torch.nn.Module
-#: torch's functions as imported; a different entry on ``nn.Module`` is a patch.
-_ORIGINAL = {name: _Torch.__dict__[name] for name in __all__}
-
-
-def _torch_runs(name: str) -> bool:
-    return is_compiling() or _Torch.__dict__.get(name) is not _ORIGINAL[name]
-
-
-# Native bodies, with torch's parameters (renamed to torch's qualified names below).
+# Native bodies, with torch's parameters (torch_method gives them torch's names).
 
 
 def _named_modules(
@@ -108,18 +98,13 @@ def _requires_grad_(self: torch.nn.Module, requires_grad: bool = True) -> torch.
     return _core.walk("requires_grad_", self, requires_grad)
 
 
-def _replica_warning() -> str | None:
-    """torch's own text of the DataParallel-replica warning (read, not copied)."""
-    for const in _ORIGINAL["zero_grad"].__code__.co_consts:
-        if isinstance(const, str) and const.startswith("Calling .zero_grad()"):
-            return const
-    return None
-
-
-_REPLICA_WARNING = _replica_warning()
+_REPLICA_WARNING = torch_constant("zero_grad", "Calling .zero_grad()")
 
 
 def _zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
+    if getattr(self, "_is_replica", False):
+        # stacklevel 3: this body, the dispatching method, then the caller.
+        warnings.warn(_REPLICA_WARNING or "", stacklevel=3)
     _core.walk("zero_grad", self, set_to_none)
 
 
@@ -127,65 +112,16 @@ def _apply(self: torch.nn.Module, fn: Callable[[torch.nn.Module], Any]) -> torch
     return _core.walk("apply", self, fn)
 
 
-_BODIES: dict[str, Callable[..., Any]] = {
-    "named_modules": _named_modules,
-    "modules": _modules,
-    "named_children": _named_children,
-    "children": _children,
-    "named_parameters": _named_parameters,
-    "parameters": _parameters,
-    "named_buffers": _named_buffers,
-    "buffers": _buffers,
-    "train": _train,
-    "eval": _eval,
-    "requires_grad_": _requires_grad_,
-    "zero_grad": _zero_grad,
-    "apply": _apply,
-}
-
-
-def _as_torch_named(body: Callable[..., Any], name: str) -> None:
-    """Give a body torch's name and qualified name (used in TypeError texts)."""
-    body.__code__ = body.__code__.replace(co_name=name, co_qualname=f"Module.{name}")
-    body.__name__ = name
-    body.__qualname__ = f"Module.{name}"
-
-
-for _name, _body in _BODIES.items():
-    _as_torch_named(_body, _name)
-
-
-def _dispatcher(name: str) -> Callable[..., Any]:
-    body = _BODIES[name]
-
-    def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _torch_runs(name):
-            return getattr(_Torch, name)(self, *args, **kwargs)
-        if name == "zero_grad" and _REPLICA_WARNING is not None:
-            if getattr(self, "_is_replica", False):
-                # Issued here so stacklevel=2 names the caller, as torch's does.
-                warnings.warn(_REPLICA_WARNING, stacklevel=2)
-        return body(self, *args, **kwargs)
-
-    original = _ORIGINAL[name]
-    method.__name__ = name
-    method.__qualname__ = f"Module.{name}"
-    method.__doc__ = original.__doc__
-    method.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
-    method.__module__ = __name__
-    return method
-
-
-named_modules = _dispatcher("named_modules")
-modules = _dispatcher("modules")
-named_children = _dispatcher("named_children")
-children = _dispatcher("children")
-named_parameters = _dispatcher("named_parameters")
-parameters = _dispatcher("parameters")
-named_buffers = _dispatcher("named_buffers")
-buffers = _dispatcher("buffers")
-train = _dispatcher("train")
-eval = _dispatcher("eval")  # noqa: A001 - torch's method name
-requires_grad_ = _dispatcher("requires_grad_")
-zero_grad = _dispatcher("zero_grad")
-apply = _dispatcher("apply")
+named_modules = torch_method("named_modules", _named_modules)
+modules = torch_method("modules", _modules)
+named_children = torch_method("named_children", _named_children)
+children = torch_method("children", _children)
+named_parameters = torch_method("named_parameters", _named_parameters)
+parameters = torch_method("parameters", _parameters)
+named_buffers = torch_method("named_buffers", _named_buffers)
+buffers = torch_method("buffers", _buffers)
+train = torch_method("train", _train)
+eval = torch_method("eval", _eval)  # noqa: A001 - torch's method name
+requires_grad_ = torch_method("requires_grad_", _requires_grad_)
+zero_grad = torch_method("zero_grad", _zero_grad, usable=_REPLICA_WARNING is not None)
+apply = torch_method("apply", _apply)

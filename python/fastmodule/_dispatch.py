@@ -1,0 +1,60 @@
+"""The one mechanism by which ``fastmodule.Module``'s own methods defer to torch.
+
+Every method that ``fastmodule.Module`` defines in place of a
+``torch.nn.Module`` method is built by :func:`torch_method`: it runs the native
+body, except under ``torch.compile`` tracing (Dynamo must inline torch's
+Python) or when ``torch.nn.Module.<name>`` has been replaced (the patch must
+run), where it calls what is installed on ``torch.nn.Module`` with the caller's
+exact arguments. The body carries torch's name and qualified name, so argument
+errors read exactly as torch's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.compiler import is_compiling
+
+__all__ = ["torch_constant", "torch_method"]
+
+
+def torch_constant(name: str, start: str) -> str | None:
+    """A string constant of torch's ``nn.Module.<name>`` (or of a function nested
+    in it) that begins with ``start``: torch's own message texts, read at import
+    so they always match the installed torch. None if torch has no such text."""
+    codes = [torch.nn.Module.__dict__[name].__code__]
+    while codes:
+        code = codes.pop()
+        for const in code.co_consts:
+            if isinstance(const, str) and const.startswith(start):
+                return const
+            if hasattr(const, "co_consts"):
+                codes.append(const)
+    return None
+
+
+def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) -> Callable[..., Any]:
+    """``torch.nn.Module.<name>`` served by ``body`` while torch's is unpatched.
+
+    ``usable=False`` (the installed torch is not the one ``body`` reproduces)
+    always runs torch's code.
+    """
+    original = torch.nn.Module.__dict__[name]
+    body.__code__ = body.__code__.replace(co_name=name, co_qualname=f"Module.{name}")
+    body.__name__ = name
+    body.__qualname__ = f"Module.{name}"
+
+    def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not usable or is_compiling() or torch.nn.Module.__dict__.get(name) is not original:
+            return getattr(torch.nn.Module, name)(self, *args, **kwargs)
+        return body(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"Module.{name}"
+    method.__doc__ = original.__doc__
+    method.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    method.__module__ = body.__module__
+    return method
