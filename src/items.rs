@@ -82,6 +82,10 @@ impl Items {
                         "dictionary changed size during iteration",
                     ));
                 }
+                if *used == 0 {
+                    // Empty: done, without touching the dict's key table.
+                    return Ok(None);
+                }
                 let mut k: *mut ffi::PyObject = std::ptr::null_mut();
                 let mut v: *mut ffi::PyObject = std::ptr::null_mut();
                 if ffi::PyDict_Next(d, pos, &mut k, &mut v) == 0 {

@@ -9,8 +9,10 @@
 //! - `hooks`: the module-level hook dicts,
 //! - `tracing`: the jit-tracing probe,
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
+//! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
+mod apply;
 mod attr;
 mod call;
 mod callcache;
@@ -59,6 +61,12 @@ fn walk<'py>(
         pyo3::exceptions::PyValueError::new_err(format!("not a wrapped method: {method}"))
     })?;
     traversal::call_root(py, m, module, args)
+}
+
+/// Capture what the native `_apply` needs (see `fastmodule.conversion`).
+#[pyfunction]
+fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    apply::init(py, config)
 }
 
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
@@ -145,6 +153,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

@@ -43,9 +43,11 @@ pub enum Method {
     RequiresGrad,
     ZeroGrad,
     Apply,
+    /// `_apply(fn, recurse)`: what `.to()`, `.float()`, `.cuda()`, ... run.
+    ApplyFn,
 }
 
-pub const METHODS: [Method; 14] = [
+pub const METHODS: [Method; 15] = [
     Method::NamedModules,
     Method::NamedChildren,
     Method::Children,
@@ -60,6 +62,7 @@ pub const METHODS: [Method; 14] = [
     Method::RequiresGrad,
     Method::ZeroGrad,
     Method::Apply,
+    Method::ApplyFn,
 ];
 
 impl Method {
@@ -79,6 +82,7 @@ impl Method {
             Method::RequiresGrad => "requires_grad_",
             Method::ZeroGrad => "zero_grad",
             Method::Apply => "apply",
+            Method::ApplyFn => "_apply",
         }
     }
 }
@@ -89,7 +93,7 @@ struct Entry {
     orig: *mut ffi::PyObject,
     wrapper: *mut ffi::PyObject,
 }
-struct Table([Entry; 14]);
+struct Table([Entry; 15]);
 // SAFETY: strong references, read with the GIL held.
 unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
@@ -114,7 +118,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
             wrapper: wrapper.map_or(std::ptr::null_mut(), |w| w.into_ptr()),
         });
     }
-    let arr: [Entry; 14] = entries
+    let arr: [Entry; 15] = entries
         .try_into()
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: method table size"))?;
     let _ = TABLE.set(Table(arr));
@@ -123,6 +127,11 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
 
 fn entry(m: Method) -> Option<&'static Entry> {
     TABLE.get().map(|t| &t.0[m as usize])
+}
+
+/// torch's own `nn.Module.<m>` as captured at import (borrowed).
+pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
+    entry(m).map(|e| e.orig)
 }
 
 /// Does `obj.<m>` resolve to torch's own method (directly, or through
@@ -145,7 +154,7 @@ pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
 }
 
 /// `obj.<m>(*args)` through Python, as torch's code would call it.
-fn call_method<'py, A: PyCallArgs<'py>>(
+pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
     obj: &Bound<'py, PyAny>,
     m: Method,
     args: A,
@@ -717,7 +726,7 @@ pub fn children<'py>(
 
 /// `for child in self.children(): f(child)`, without a Python iterator when
 /// `children`/`named_children` are torch's.
-fn for_each_child<'py>(
+pub(crate) fn for_each_child<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -835,9 +844,9 @@ thread_local! {
 /// Python recursion would exceed the recursion limit (from 3.13 on,
 /// `Py_EnterRecursiveCall` only guards the C stack, with a higher limit), and
 /// `Py_EnterRecursiveCall` for the native stack itself.
-struct Depth;
+pub(crate) struct Depth;
 impl Depth {
-    fn enter(py: Python<'_>) -> PyResult<Depth> {
+    pub(crate) fn enter(py: Python<'_>) -> PyResult<Depth> {
         let depth = WALK_DEPTH.with(|d| {
             d.set(d.get() + 1);
             d.get()
@@ -1034,6 +1043,7 @@ pub fn call_root<'py>(
             Ok(py.None().into_bound(py))
         }
         Method::Apply => apply_body(py, g, module, &arg(0)?),
+        Method::ApplyFn => crate::apply::root(py, g, module, &arg(0)?, &arg(1)?),
         Method::NamedMembers => Err(pyo3::exceptions::PyTypeError::new_err(
             "_named_members is not a wrapped entry point",
         )),

@@ -17,3 +17,6 @@ def walk(method: str, module: object, *args: object) -> object:
 
 def dict_version(d: object) -> int | None:
     """A dict's version tag (changes on any mutation); None for non-dicts."""
+
+def init_apply(config: dict[str, object]) -> None:
+    """Capture torch's callables and closures used by the native ``_apply``."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, loading, walks
+from fastmodule import _core, conversion, loading, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -47,6 +47,8 @@ class Module(torch.nn.Module):
     apply = walks.apply
     # Linear-time load_state_dict (torch's per-module loading, bucketed keys).
     load_state_dict = loading.load_state_dict
+    # Behind .to()/.float()/.half()/.cuda()/...: converted in Rust.
+    _apply = conversion.apply_fn
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

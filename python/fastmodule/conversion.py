@@ -1,0 +1,114 @@
+"""``_apply`` for ``fastmodule.Module``: what ``.to()``, ``.float()``, ``.half()``,
+``.cpu()``, ``.cuda()``, ``.type()`` and ``to_empty()`` run.
+
+torch's ``to``/``float``/... stay torch's own methods; they end in
+``self._apply(fn)``, which on a ``fastmodule.Module`` walks the tree in Rust
+(``fastmodule._core``, module ``apply``). This file supplies what the native
+walk needs from Python: torch's callables, the code objects of torch's own
+conversion closures (recognised so that a conversion that changes nothing
+costs almost nothing), and :func:`resume`, which lets torch's own code finish
+a module whose conversion left the common case halfway through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastmodule import _core
+from fastmodule._dispatch import torch_method
+
+__all__ = ["apply_fn"]
+
+_TORCH_APPLY = torch.nn.Module.__dict__["_apply"]
+_NOT_CALLED = object()
+
+
+def resume(
+    module: torch.nn.Module,
+    fn: Callable[[torch.Tensor], Any],
+    answered: int,
+    result: Any = _NOT_CALLED,
+) -> None:
+    """Run torch's ``_apply(fn, recurse=False)`` on ``module`` after the native
+    walk converted part of it.
+
+    torch's code calls ``fn`` in a fixed order (each parameter, then its grad,
+    then the buffers). The first ``answered`` calls were already made, and their
+    tensors converted in place: replaying them returns the tensor itself, for
+    which torch's update is a no-op. The next call was made too and returned
+    ``result`` (when given), which torch now handles its own way; later calls
+    reach ``fn``.
+    """
+    calls = 0
+
+    def replay(t: torch.Tensor) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= answered:
+            return t
+        if calls == answered + 1 and result is not _NOT_CALLED:
+            return result
+        return fn(t)
+
+    _TORCH_APPLY(module, replay, False)
+
+
+def _closures(method: str) -> list[Any]:
+    """Code objects of the functions nested in ``torch.nn.Module.<method>``."""
+    return [c for c in torch.nn.Module.__dict__[method].__code__.co_consts if hasattr(c, "co_code")]
+
+
+def _known() -> list[tuple[Any, str, Any]]:
+    """torch's conversion closures whose result the native walk can predict."""
+    known: list[tuple[Any, str, Any]] = []
+    for method, dtype in (
+        ("float", torch.float32),
+        ("double", torch.float64),
+        ("half", torch.float16),
+        ("bfloat16", torch.bfloat16),
+    ):
+        codes = _closures(method)
+        # Exactly one closure without free variables that calls t.<method>().
+        if len(codes) == 1 and not codes[0].co_freevars and method in codes[0].co_names:
+            known.append((codes[0], "float_type", dtype))
+    cpu = _closures("cpu")
+    if len(cpu) == 1 and not cpu[0].co_freevars and cpu[0].co_names == ("cpu",):
+        known.append((cpu[0], "cpu", None))
+    for code in _closures("to"):
+        names = code.co_freevars
+        if code.co_name == "convert" and set(names) == {
+            "convert_to_format",
+            "device",
+            "dtype",
+            "non_blocking",
+        }:
+            index = names.index
+            known.append((code, "to", (index("convert_to_format"), index("device"), index("dtype"))))
+    return known
+
+
+_core.init_apply(
+    {
+        "compatible": torch._has_compatible_shallow_copy_type,
+        "is_grad_enabled": torch.is_grad_enabled,
+        "set_grad_enabled": torch._C._set_grad_enabled,
+        "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
+        "overwrite_flag": torch.__future__.get_overwrite_module_params_on_conversion,
+        "function_mode": torch._C._is_torch_function_mode_enabled,
+        "dispatch_depth": torch._C._len_torch_dispatch_stack,
+        "resume": resume,
+        "known": _known(),
+    }
+)
+
+
+def _apply_fn(
+    self: torch.nn.Module, fn: Callable[[torch.Tensor], Any], recurse: bool = True
+) -> torch.nn.Module:
+    return _core.walk("_apply", self, fn, recurse)
+
+
+apply_fn = torch_method("_apply", _apply_fn)

@@ -1,0 +1,460 @@
+//! `_apply(fn, recurse)`: the walk behind `.to()`, `.float()`, `.half()`,
+//! `.cpu()`, `.cuda()`, `.type()` and `to_empty()`.
+//!
+//! The tree is walked children first, as torch does, with torch's dynamic
+//! dispatch (a class that overrides `_apply`, such as the RNNs, gets its own
+//! method for its subtree). Each module's own tensors are converted natively
+//! when the case is the common one; anything else is handed to torch's own
+//! `_apply(fn, recurse=False)` for that module, before anything of it was
+//! touched, or, once some of its tensors were converted, through a replaying
+//! `fn` that lets torch finish the module exactly (`fastmodule.conversion`).
+//!
+//! The native case: both `torch.__future__` conversion flags off, exact
+//! `dict` registries, parameters that are exact `Parameter`s with exact-tensor
+//! (or no) grads, and results of `fn` that are exact tensors of a compatible
+//! shallow-copy type. Then torch's code does `param.data = fn(param)` (and the
+//! same for the grad) under `no_grad`, and `_buffers[key] = fn(buf)`; that is
+//! what runs here.
+//!
+//! A conversion that changes nothing: for torch's own closures (those of
+//! `float`/`double`/`half`/`bfloat16`/`cpu`/`to`), with no torch-function or
+//! dispatch mode active and exact tensor types, `fn(t)` returns `t` itself
+//! exactly when the tensor already has the target dtype/device; the closure is
+//! then not called and the assignment of `t` to itself is skipped: neither is
+//! observable.
+use crate::items::Items;
+use crate::lookup::{instance_dict, plain_attr, Plain};
+use crate::state::Globals;
+use crate::traversal::{call_method, for_each_child, is_native, original, Depth, Method};
+use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::OnceLock;
+
+/// torch's callables and fastmodule's replay helper, captured at import.
+struct Config {
+    compatible: Py<PyAny>,
+    is_grad_enabled: Py<PyAny>,
+    set_grad_enabled: Py<PyAny>,
+    swap_flag: Py<PyAny>,
+    overwrite_flag: Py<PyAny>,
+    function_mode: Py<PyAny>,
+    dispatch_depth: Py<PyAny>,
+    resume: Py<PyAny>,
+    /// torch's conversion closures: (code object, what it does).
+    known: Vec<(Py<PyAny>, Known)>,
+}
+
+#[derive(Clone, Copy)]
+enum Known {
+    /// `lambda t: t.<float type>() if t.is_floating_point() else t`.
+    FloatType(usize),
+    /// `lambda t: t.cpu()`.
+    Cpu,
+    /// `Module.to`'s `convert`: indices of its free variables.
+    To {
+        format: usize,
+        device: usize,
+        dtype: usize,
+    },
+}
+
+static CONFIG: OnceLock<(Config, Vec<Py<PyAny>>)> = OnceLock::new();
+
+/// `config`: see `fastmodule.conversion` for the keys.
+pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    let get = |k: &str| -> PyResult<Py<PyAny>> {
+        config
+            .get_item(k)?
+            .map(|v| v.unbind())
+            .ok_or_else(|| PyRuntimeError::new_err(format!("fastmodule: apply config lacks {k}")))
+    };
+    let mut known = Vec::new();
+    let mut dtypes = Vec::new();
+    for item in config
+        .get_item("known")?
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: apply config lacks known"))?
+        .try_iter()?
+    {
+        // (code, kind, payload)
+        let (code, kind, payload): (Bound<'_, PyAny>, String, Bound<'_, PyAny>) =
+            item?.extract()?;
+        let k = match kind.as_str() {
+            "float_type" => {
+                dtypes.push(payload.unbind());
+                Known::FloatType(dtypes.len() - 1)
+            }
+            "cpu" => Known::Cpu,
+            "to" => {
+                let (format, device, dtype): (usize, usize, usize) = payload.extract()?;
+                Known::To {
+                    format,
+                    device,
+                    dtype,
+                }
+            }
+            _ => continue,
+        };
+        known.push((code.unbind(), k));
+    }
+    let c = Config {
+        compatible: get("compatible")?,
+        is_grad_enabled: get("is_grad_enabled")?,
+        set_grad_enabled: get("set_grad_enabled")?,
+        swap_flag: get("swap_flag")?,
+        overwrite_flag: get("overwrite_flag")?,
+        function_mode: get("function_mode")?,
+        dispatch_depth: get("dispatch_depth")?,
+        resume: get("resume")?,
+        known,
+    };
+    let _ = py;
+    let _ = CONFIG.set((c, dtypes));
+    Ok(())
+}
+
+/// Which device a recognised `to` targets, for the "already there" test.
+enum Device<'py> {
+    Any,
+    Cpu,
+    /// A device with an explicit index: compared with `t.device`.
+    Exact(Bound<'py, PyAny>),
+}
+
+/// What a recognised closure does, resolved for this call.
+enum Spec<'py> {
+    /// Not recognised (or modes active): `fn` is called for every tensor.
+    Unknown,
+    FloatType(Bound<'py, PyAny>),
+    Cpu,
+    To {
+        device: Device<'py>,
+        dtype: Option<Bound<'py, PyAny>>,
+    },
+}
+
+struct Ctx<'py> {
+    cfg: &'static Config,
+    g: &'static Globals,
+    fn_: Bound<'py, PyAny>,
+    spec: Spec<'py>,
+    /// The two `torch.__future__` flags, when they can be read once per call
+    /// (a recognised closure cannot change them).
+    flags: Option<(bool, bool)>,
+}
+
+fn truthy(v: PyResult<Bound<'_, PyAny>>) -> PyResult<bool> {
+    v?.is_truthy()
+}
+
+impl<'py> Ctx<'py> {
+    fn flags(&self, py: Python<'py>) -> PyResult<(bool, bool)> {
+        if let Some(f) = self.flags {
+            return Ok(f);
+        }
+        Ok((
+            truthy(self.cfg.swap_flag.bind(py).call0())?,
+            truthy(self.cfg.overwrite_flag.bind(py).call0())?,
+        ))
+    }
+
+    /// Does `fn(t)` return `t` itself? Only asked for exact tensors.
+    fn unchanged(&self, py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<bool> {
+        let is_float_or_complex = |dt: &Bound<'py, PyAny>| -> PyResult<bool> {
+            Ok(truthy(dt.getattr(intern!(py, "is_floating_point")))?
+                || truthy(dt.getattr(intern!(py, "is_complex")))?)
+        };
+        match &self.spec {
+            Spec::Unknown => Ok(false),
+            Spec::FloatType(target) => {
+                let dt = t.getattr(intern!(py, "dtype"))?;
+                Ok(dt.is(target) || !truthy(dt.getattr(intern!(py, "is_floating_point")))?)
+            }
+            Spec::Cpu => truthy(t.getattr(intern!(py, "is_cpu"))),
+            Spec::To { device, dtype } => {
+                let device_ok = match device {
+                    Device::Any => true,
+                    Device::Cpu => truthy(t.getattr(intern!(py, "is_cpu")))?,
+                    Device::Exact(d) => t.getattr(intern!(py, "device"))?.eq(d)?,
+                };
+                if !device_ok {
+                    return Ok(false);
+                }
+                match dtype {
+                    None => Ok(true),
+                    Some(target) => {
+                        let dt = t.getattr(intern!(py, "dtype"))?;
+                        Ok(dt.is(target) || !is_float_or_complex(&dt)?)
+                    }
+                }
+            }
+        }
+    }
+
+    /// `with torch.no_grad(): fn(t)`.
+    fn call_no_grad(&self, py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let prev = self.cfg.is_grad_enabled.bind(py).call0()?;
+        self.cfg.set_grad_enabled.bind(py).call1((false,))?;
+        let r = self.fn_.call1((t,));
+        self.cfg.set_grad_enabled.bind(py).call1((prev,))?;
+        r
+    }
+
+    fn compatible(
+        &self,
+        py: Python<'py>,
+        a: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+    ) -> PyResult<bool> {
+        truthy(self.cfg.compatible.bind(py).call1((a, b)))
+    }
+}
+
+/// Recognise torch's closure `fn` and resolve what it targets.
+fn spec_of<'py>(
+    py: Python<'py>,
+    cfg: &'static Config,
+    dtypes: &[Py<PyAny>],
+    f: &Bound<'py, PyAny>,
+) -> PyResult<Spec<'py>> {
+    if unsafe { ffi::PyFunction_Check(f.as_ptr()) } == 0 {
+        return Ok(Spec::Unknown);
+    }
+    // Modes see the calls the closure makes: then it must run.
+    if truthy(cfg.function_mode.bind(py).call0())?
+        || cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
+    {
+        return Ok(Spec::Unknown);
+    }
+    let code = f.getattr(intern!(py, "__code__"))?;
+    let Some(kind) = cfg
+        .known
+        .iter()
+        .find(|(c, _)| c.bind(py).is(&code))
+        .map(|(_, k)| *k)
+    else {
+        return Ok(Spec::Unknown);
+    };
+    let cell = |i: usize| -> PyResult<Bound<'py, PyAny>> {
+        f.getattr(intern!(py, "__closure__"))?
+            .get_item(i)?
+            .getattr(intern!(py, "cell_contents"))
+    };
+    Ok(match kind {
+        Known::FloatType(i) => match dtypes.get(i) {
+            Some(d) => Spec::FloatType(d.bind(py).clone()),
+            None => Spec::Unknown,
+        },
+        Known::Cpu => Spec::Cpu,
+        Known::To {
+            format,
+            device,
+            dtype,
+        } => {
+            if !cell(format)?.is_none() {
+                return Ok(Spec::Unknown);
+            }
+            let d = cell(device)?;
+            let device = if d.is_none() {
+                Device::Any
+            } else if d.getattr(intern!(py, "type"))?.eq("cpu")? {
+                Device::Cpu
+            } else if !d.getattr(intern!(py, "index"))?.is_none() {
+                Device::Exact(d)
+            } else {
+                // "cuda" without an index means the current device.
+                return Ok(Spec::Unknown);
+            };
+            let dt = cell(dtype)?;
+            Spec::To {
+                device,
+                dtype: if dt.is_none() { None } else { Some(dt) },
+            }
+        }
+    })
+}
+
+/// `module._apply(fn, recurse)` with `_apply` resolved to torch's.
+pub fn root<'py>(
+    py: Python<'py>,
+    g: &'static Globals,
+    module: &Bound<'py, PyAny>,
+    f: &Bound<'py, PyAny>,
+    recurse: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let Some((cfg, dtypes)) = CONFIG.get() else {
+        return Err(PyRuntimeError::new_err(
+            "fastmodule: conversion not initialised",
+        ));
+    };
+    let spec = spec_of(py, cfg, dtypes, f)?;
+    let mut ctx = Ctx {
+        cfg,
+        g,
+        fn_: f.clone(),
+        spec,
+        flags: None,
+    };
+    if !matches!(ctx.spec, Spec::Unknown) {
+        ctx.flags = Some(ctx.flags(py)?);
+    }
+    body(py, &ctx, module, recurse.is_truthy()?)
+}
+
+fn body<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    recurse: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _depth = Depth::enter(py)?;
+    if recurse {
+        for_each_child(py, ctx.g, module, |child| {
+            if is_native(ctx.g, child, Method::ApplyFn) {
+                body(py, ctx, child, true)?;
+            } else {
+                call_method(child, Method::ApplyFn, (&ctx.fn_,))?;
+            }
+            Ok(())
+        })?;
+    }
+    own_tensors(py, ctx, module)?;
+    Ok(module.clone())
+}
+
+/// torch's `_apply(fn, recurse=False)` for `module`.
+fn delegate<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
+    let Some(orig) = original(Method::ApplyFn) else {
+        return Err(PyRuntimeError::new_err("fastmodule: _apply not captured"));
+    };
+    let orig = unsafe { Bound::from_borrowed_ptr(py, orig) };
+    orig.call1((module, &ctx.fn_, false))?;
+    Ok(())
+}
+
+/// Let torch finish `module`: its first `answered` calls of `fn` return their
+/// argument (those tensors are already converted), the next returns `result`
+/// when given (that call was made already).
+fn resume<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    answered: usize,
+    result: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let resume = ctx.cfg.resume.bind(py);
+    match result {
+        Some(r) => resume.call1((module, &ctx.fn_, answered, r))?,
+        None => resume.call1((module, &ctx.fn_, answered))?,
+    };
+    Ok(())
+}
+
+/// An exact dict registry of `module`, or None.
+fn registry<'py>(
+    module: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = module.py();
+    unsafe {
+        let m = module.as_ptr();
+        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
+            Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+                Ok(Some(Bound::from_borrowed_ptr(py, d)))
+            }
+            Plain::Error => Err(PyErr::fetch(py)),
+            _ => Ok(None),
+        }
+    }
+}
+
+fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {
+    unsafe { ffi::Py_TYPE(t.as_ptr()) == tp }
+}
+
+fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
+    let g = ctx.g;
+    let (swap, overwrite) = ctx.flags(py)?;
+    if swap || overwrite {
+        return delegate(py, ctx, module);
+    }
+    let (Some(_), Some(_)) = (
+        registry(module, intern!(py, "_parameters"))?,
+        registry(module, intern!(py, "_buffers"))?,
+    ) else {
+        return delegate(py, ctx, module);
+    };
+    let grad_name = intern!(py, "grad");
+    let known = !matches!(ctx.spec, Spec::Unknown);
+    let data = intern!(py, "data");
+    let tensor_like = |t: &Bound<'py, PyAny>| exact(t, g.tensor) || exact(t, g.parameter);
+    // Calls of `fn` torch's code would have made so far in this module.
+    let mut calls = 0usize;
+    let mut it = Items::of(module, intern!(py, "_parameters"))?;
+    while let Some((_, p)) = it.next(py)? {
+        if p.is_none() {
+            continue;
+        }
+        // Anything else than an exact Parameter with an exact (or no) grad
+        // is torch's to handle, from this parameter on.
+        if !exact(&p, g.parameter) {
+            return resume(py, ctx, module, calls, None);
+        }
+        if known {
+            let grad = p.getattr(grad_name)?;
+            if !grad.is_none() && !exact(&grad, g.tensor) {
+                return resume(py, ctx, module, calls, None);
+            }
+            if ctx.unchanged(py, &p)? && (grad.is_none() || ctx.unchanged(py, &grad)?) {
+                calls += if grad.is_none() { 1 } else { 2 };
+                continue;
+            }
+        }
+        let applied = ctx.call_no_grad(py, &p)?;
+        calls += 1;
+        let grad = p.getattr(grad_name)?;
+        if !(known && applied.is(&p)) {
+            if tensor_like(&applied) && ctx.compatible(py, &p, &applied)? {
+                p.setattr(data, &applied)?;
+            } else {
+                return resume(py, ctx, module, calls - 1, Some(&applied));
+            }
+        }
+        if grad.is_none() {
+            continue;
+        }
+        if !exact(&grad, g.tensor) {
+            return resume(py, ctx, module, calls, None);
+        }
+        let grad_applied = ctx.call_no_grad(py, &grad)?;
+        calls += 1;
+        if known && grad_applied.is(&grad) {
+            continue;
+        }
+        if tensor_like(&grad_applied) && ctx.compatible(py, &grad, &grad_applied)? {
+            let current = p.getattr(grad_name)?;
+            if current.is_none() {
+                return Err(PyAssertionError::new_err("out_param.grad must not be None"));
+            }
+            current.setattr(data, &grad_applied)?;
+        } else {
+            return resume(py, ctx, module, calls - 1, Some(&grad_applied));
+        }
+    }
+    let buffers_name = intern!(py, "_buffers");
+    let mut it = Items::of(module, buffers_name)?;
+    while let Some((key, buf)) = it.next(py)? {
+        if buf.is_none() {
+            continue;
+        }
+        if known && exact(&buf, g.tensor) && ctx.unchanged(py, &buf)? {
+            continue;
+        }
+        let applied = ctx.fn_.call1((&buf,))?;
+        // `self._buffers[key] = ...`, reading `self._buffers` again as torch does.
+        module.getattr(buffers_name)?.set_item(&key, &applied)?;
+    }
+    Ok(())
+}
