@@ -10,6 +10,7 @@
 //! - `tracing`: the jit-tracing probe,
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
+//! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
 mod apply;
@@ -22,6 +23,7 @@ mod hooks;
 mod items;
 mod lookup;
 mod methods;
+mod paths;
 mod register;
 mod slots;
 mod state;

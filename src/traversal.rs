@@ -45,9 +45,13 @@ pub enum Method {
     Apply,
     /// `_apply(fn, recurse)`: what `.to()`, `.float()`, `.cuda()`, ... run.
     ApplyFn,
+    GetSubmodule,
+    SetSubmodule,
+    GetParameter,
+    GetBuffer,
 }
 
-pub const METHODS: [Method; 15] = [
+pub const METHODS: [Method; 19] = [
     Method::NamedModules,
     Method::NamedChildren,
     Method::Children,
@@ -63,6 +67,10 @@ pub const METHODS: [Method; 15] = [
     Method::ZeroGrad,
     Method::Apply,
     Method::ApplyFn,
+    Method::GetSubmodule,
+    Method::SetSubmodule,
+    Method::GetParameter,
+    Method::GetBuffer,
 ];
 
 impl Method {
@@ -83,6 +91,10 @@ impl Method {
             Method::ZeroGrad => "zero_grad",
             Method::Apply => "apply",
             Method::ApplyFn => "_apply",
+            Method::GetSubmodule => "get_submodule",
+            Method::SetSubmodule => "set_submodule",
+            Method::GetParameter => "get_parameter",
+            Method::GetBuffer => "get_buffer",
         }
     }
 }
@@ -93,7 +105,7 @@ struct Entry {
     orig: *mut ffi::PyObject,
     wrapper: *mut ffi::PyObject,
 }
-struct Table([Entry; 15]);
+struct Table([Entry; 19]);
 // SAFETY: strong references, read with the GIL held.
 unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
@@ -118,7 +130,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
             wrapper: wrapper.map_or(std::ptr::null_mut(), |w| w.into_ptr()),
         });
     }
-    let arr: [Entry; 15] = entries
+    let arr: [Entry; 19] = entries
         .try_into()
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: method table size"))?;
     let _ = TABLE.set(Table(arr));
@@ -1044,6 +1056,12 @@ pub fn call_root<'py>(
         }
         Method::Apply => apply_body(py, g, module, &arg(0)?),
         Method::ApplyFn => crate::apply::root(py, g, module, &arg(0)?, &arg(1)?),
+        Method::GetSubmodule => crate::paths::get_submodule(py, g, module, &arg(0)?),
+        Method::SetSubmodule => {
+            crate::paths::set_submodule(py, g, module, &arg(0)?, &arg(1)?, &arg(2)?)
+        }
+        Method::GetParameter => crate::paths::get_member(py, g, module, &arg(0)?, false),
+        Method::GetBuffer => crate::paths::get_member(py, g, module, &arg(0)?, true),
         Method::NamedMembers => Err(pyo3::exceptions::PyTypeError::new_err(
             "_named_members is not a wrapped entry point",
         )),

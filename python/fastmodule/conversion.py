@@ -85,8 +85,8 @@ def _known() -> list[tuple[Any, str, Any]]:
             "dtype",
             "non_blocking",
         }:
-            index = names.index
-            known.append((code, "to", (index("convert_to_format"), index("device"), index("dtype"))))
+            cells = (names.index("convert_to_format"), names.index("device"), names.index("dtype"))
+            known.append((code, "to", cells))
     return known
 
 

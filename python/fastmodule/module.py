@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, conversion, loading, walks
+from fastmodule import _core, conversion, loading, paths, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -47,6 +47,11 @@ class Module(torch.nn.Module):
     apply = walks.apply
     # Linear-time load_state_dict (torch's per-module loading, bucketed keys).
     load_state_dict = loading.load_state_dict
+    # Dotted paths: get_submodule & co.
+    get_submodule = paths.get_submodule
+    set_submodule = paths.set_submodule
+    get_parameter = paths.get_parameter
+    get_buffer = paths.get_buffer
     # Behind .to()/.float()/.half()/.cuda()/...: converted in Rust.
     _apply = conversion.apply_fn
 

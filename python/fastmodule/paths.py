@@ -1,0 +1,40 @@
+"""Dotted-path access of ``fastmodule.Module``: ``get_submodule``,
+``set_submodule``, ``get_parameter``, ``get_buffer``, run natively.
+
+Each native body follows torch's code step by step (the same attribute reads,
+``isinstance`` checks and messages), and defers to torch as every other
+``fastmodule.Module`` method does (see :mod:`fastmodule._dispatch`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastmodule import _core
+from fastmodule._dispatch import torch_method
+
+__all__ = ["get_buffer", "get_parameter", "get_submodule", "set_submodule"]
+
+
+def _get_submodule(self: torch.nn.Module, target: str) -> torch.nn.Module:
+    return _core.walk("get_submodule", self, target)
+
+
+def _set_submodule(
+    self: torch.nn.Module, target: str, module: torch.nn.Module, strict: bool = False
+) -> None:
+    return _core.walk("set_submodule", self, target, module, strict)
+
+
+def _get_parameter(self: torch.nn.Module, target: str) -> torch.nn.Parameter:
+    return _core.walk("get_parameter", self, target)
+
+
+def _get_buffer(self: torch.nn.Module, target: str) -> torch.Tensor:
+    return _core.walk("get_buffer", self, target)
+
+
+get_submodule = torch_method("get_submodule", _get_submodule)
+set_submodule = torch_method("set_submodule", _set_submodule)
+get_parameter = torch_method("get_parameter", _get_parameter)
+get_buffer = torch_method("get_buffer", _get_buffer)
