@@ -38,8 +38,8 @@ struct Config {
     compatible: Py<PyAny>,
     is_grad_enabled: Py<PyAny>,
     set_grad_enabled: Py<PyAny>,
-    swap_flag: Py<PyAny>,
-    overwrite_flag: Py<PyAny>,
+    swap_flag: crate::future::Flag,
+    overwrite_flag: crate::future::Flag,
     function_mode: Py<PyAny>,
     dispatch_depth: Py<PyAny>,
     resume: Py<PyAny>,
@@ -103,8 +103,8 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         compatible: get("compatible")?,
         is_grad_enabled: get("is_grad_enabled")?,
         set_grad_enabled: get("set_grad_enabled")?,
-        swap_flag: get("swap_flag")?,
-        overwrite_flag: get("overwrite_flag")?,
+        swap_flag: crate::future::Flag::from_getter(get("swap_flag")?.bind(config.py()))?,
+        overwrite_flag: crate::future::Flag::from_getter(get("overwrite_flag")?.bind(config.py()))?,
         function_mode: get("function_mode")?,
         dispatch_depth: get("dispatch_depth")?,
         resume: get("resume")?,
@@ -155,8 +155,8 @@ impl<'py> Ctx<'py> {
             return Ok(f);
         }
         Ok((
-            truthy(self.cfg.swap_flag.bind(py).call0())?,
-            truthy(self.cfg.overwrite_flag.bind(py).call0())?,
+            self.cfg.swap_flag.get(py)?,
+            self.cfg.overwrite_flag.get(py)?,
         ))
     }
 
@@ -257,14 +257,17 @@ fn spec_of<'py>(
                 return Ok(Spec::Unknown);
             }
             let d = cell(device)?;
+            // `t.to(device)` returns `t` itself only when `t.device == device`
+            // (so "cpu:0" copies a tensor on "cpu"); "cuda" without an index
+            // means the current device, left to the closure.
+            let indexed = !d.is_none() && !d.getattr(intern!(py, "index"))?.is_none();
             let device = if d.is_none() {
                 Device::Any
+            } else if indexed {
+                Device::Exact(d)
             } else if d.getattr(intern!(py, "type"))?.eq("cpu")? {
                 Device::Cpu
-            } else if !d.getattr(intern!(py, "index"))?.is_none() {
-                Device::Exact(d)
             } else {
-                // "cuda" without an index means the current device.
                 return Ok(Spec::Unknown);
             };
             let dt = cell(dtype)?;

@@ -10,6 +10,7 @@
 //! - `tracing`: the jit-tracing probe,
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
+//! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
 //! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
@@ -19,6 +20,7 @@ mod call;
 mod callcache;
 mod errors;
 mod ffi_ext;
+mod future;
 mod hooks;
 mod items;
 mod lookup;
@@ -27,6 +29,7 @@ mod paths;
 mod register;
 mod slots;
 mod state;
+mod state_dict;
 mod tracing;
 mod traversal;
 
@@ -97,15 +100,22 @@ fn native_tracing_probe() -> bool {
 /// linked-list state (which also moves on `move_to_end`). None for non-dicts.
 #[pyfunction]
 fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    dict_version_of(py, d)
+}
+
+pub(crate) fn dict_version_of(
+    py: Python<'_>,
+    d: &Bound<'_, PyAny>,
+) -> PyResult<Option<(u64, u64)>> {
     if !d.is_instance_of::<pyo3::types::PyDict>() {
         return Ok(None);
     }
     #[allow(deprecated)]
     let tag = unsafe { (*(d.as_ptr() as *mut pyo3::ffi::PyDictObject)).ma_version_tag };
-    let od_state = if d
-        .get_type()
-        .is(py.import("collections")?.getattr("OrderedDict")?)
-    {
+    let is_odict = state::require(py)
+        .map(|g| unsafe { pyo3::ffi::Py_TYPE(d.as_ptr()) } == g.odict)
+        .unwrap_or(false);
+    let od_state = if is_odict {
         match odict_state_offset(py)? {
             Some(off) => unsafe { *((d.as_ptr() as *const u8).add(off) as *const u64) },
             // Layout not recognised: report "always changed".
@@ -115,6 +125,41 @@ fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u
         0
     };
     Ok(Some((tag, od_state)))
+}
+
+/// Capture what the native load walk needs (see `fastmodule.loading`).
+#[pyfunction]
+fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    state_dict::init(config)
+}
+
+/// torch's `load()` walk of `load_state_dict`, from `module` down.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn load_tree<'py>(
+    py: Python<'py>,
+    module: &Bound<'py, PyAny>,
+    state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
+    assign: &Bound<'py, PyAny>,
+    missing: &Bound<'py, PyAny>,
+    unexpected: &Bound<'py, PyAny>,
+    errors: &Bound<'py, PyAny>,
+    post_hook_text: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let g = state::require(py)?;
+    state_dict::load_tree(
+        py,
+        g,
+        module,
+        state_dict,
+        metadata,
+        assign,
+        missing,
+        unexpected,
+        errors,
+        post_hook_text,
+    )
 }
 
 /// Offset of `od_state` in CPython's `PyODictObject` (after the dict and five
@@ -156,6 +201,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
+    m.add_function(wrap_pyfunction!(init_load, m)?)?;
+    m.add_function(wrap_pyfunction!(load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

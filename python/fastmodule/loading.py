@@ -2,14 +2,16 @@
 
 torch's ``load_state_dict`` hands each child the entries of its parent's dict
 whose key starts with ``prefix + name + "."``, rebuilding that sub-dict by a
-scan of the whole parent dict per child: quadratic in a module's width. Here the
-parent dict is split once into per-child buckets (same entries, same order),
-and everything else is torch's: each module's own ``_load_from_state_dict``
-(overrides included) runs exactly as torch calls it, with the same metadata,
-key lists, post-hooks and errors. The buckets are rebuilt if anything mutates
-the parent dict while its children load, and the scan is torch's own whenever a
-key or child name is not a plain ``str`` (its ``startswith`` may behave
-differently) or a child name contains a dot.
+scan of the whole parent dict per child: quadratic in a module's width. The
+walk runs in Rust (``fastmodule._core``, module ``state_dict``): the parent dict
+is split once into per-child buckets (same entries, same order), rebuilt if
+anything mutates it while its children load, and torch's own scan is used
+whenever a key or child name is not a plain ``str``. Each module's
+``_load_from_state_dict`` runs natively in the common case (torch's method,
+no pre-hooks, exact tensors of matching shapes: ``copy_`` under ``no_grad``),
+and otherwise as the module's own method, exactly as torch calls it, with the
+same metadata, key lists, post-hooks and errors. The argument checks and final
+messages below are torch's texts.
 """
 
 from __future__ import annotations
@@ -44,72 +46,29 @@ def _texts() -> dict[str, str] | None:
 _TEXTS = _texts()
 
 
-def _buckets(
-    local: dict[str, Any], prefix: str, children: dict[str, Any]
-) -> dict[str, dict[str, Any]] | None:
-    """Split ``local`` by child name; None when torch's own scan must decide."""
-    if type(prefix) is not str:
-        return None
-    for name in children:
-        if type(name) is not str or "." in name:
-            return None
-    out: dict[str, dict[str, Any]] = {}
-    start = len(prefix)
-    for key, value in local.items():
-        if type(key) is not str:
-            return None
-        if not key.startswith(prefix):
-            continue
-        head, dot, _ = key[start:].partition(".")
-        if dot:
-            bucket = out.get(head)
-            if bucket is None:
-                bucket = out[head] = {}
-            bucket[key] = value
-    return out
+def copy_error(key: str, param: torch.Tensor, input_param: torch.Tensor, ex: Exception) -> str:
+    """torch's message for a ``copy_`` that raised while loading ``key``."""
+    return (
+        f'While copying the parameter named "{key}", '
+        f"whose dimensions in the model are {param.size()} and "
+        f"whose dimensions in the checkpoint are {input_param.size()}, "
+        f"an exception occurred : {ex.args}."
+    )
 
 
-def _load(
-    module: torch.nn.Module,
-    local: dict[str, Any],
-    prefix: str,
-    metadata: Any,
-    assign: bool,
-    missing: list[str],
-    unexpected: list[str],
-    errors: list[str],
-    post_hook_text: str,
-) -> None:
-    local_metadata = {} if metadata is None else metadata.get(prefix[:-1], {})
-    if assign:
-        local_metadata["assign_to_params_buffers"] = assign
-    module._load_from_state_dict(local, prefix, local_metadata, True, missing, unexpected, errors)
-    children = module._modules
-    buckets: dict[str, dict[str, Any]] | None = None
-    seen: Any = None
-    for name, child in children.items():
-        if child is None:
-            continue
-        child_prefix = prefix + name + "."
-        # Rebuild if a hook changed the parent's dict (entries or order) or
-        # the children while earlier children loaded.
-        versions = (_core.dict_version(local), _core.dict_version(children))
-        if buckets is None or None in versions or versions != seen:
-            buckets = _buckets(local, prefix, children)
-            seen = versions
-        if buckets is not None:
-            # A fresh dict per child, as torch builds one.
-            child_local = buckets.pop(name, None) or {}
-        else:
-            child_local = {k: v for k, v in local.items() if k.startswith(child_prefix)}
-        _load(
-            child, child_local, child_prefix, metadata, assign,
-            missing, unexpected, errors, post_hook_text,
-        )  # fmt: skip
-    incompatible = _IncompatibleKeys(missing, unexpected)
-    for hook in module._load_state_dict_post_hooks.values():
-        if hook(module, incompatible) is not None:
-            raise AssertionError(post_hook_text)
+_core.init_load(
+    {
+        "load_from_state_dict": torch.nn.Module.__dict__["_load_from_state_dict"],
+        "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
+        "incompatible_keys": _IncompatibleKeys,
+        "copy_error": copy_error,
+        "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
+        "function_mode": torch._C._is_torch_function_mode_enabled,
+        "dispatch_depth": torch._C._len_torch_dispatch_stack,
+        "is_grad_enabled": torch.is_grad_enabled,
+        "set_grad_enabled": torch._C._set_grad_enabled,
+    }
+)
 
 
 def _load_state_dict(
@@ -126,7 +85,7 @@ def _load_state_dict(
     root = OrderedDict(state_dict)
     if metadata is not None:
         root._metadata = metadata  # type: ignore[attr-defined]
-    _load(self, root, "", metadata, assign, missing, unexpected, errors, texts["post_hook"])
+    _core.load_tree(self, root, metadata, assign, missing, unexpected, errors, texts["post_hook"])
     if strict:
         if unexpected:
             quoted = ", ".join(f'"{k}"' for k in unexpected)

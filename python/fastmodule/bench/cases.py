@@ -236,6 +236,53 @@ def _tree_builder(
     return build
 
 
+def _expert_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.up = nn.Linear(8, 16)
+    self.down = nn.Linear(16, 8)
+
+
+def _moe_layer_init(self: nn.Module, experts: int = 64) -> None:
+    nn.Module.__init__(self)
+    self.router = nn.Linear(8, experts)
+    self.experts = nn.ModuleList(type(self).expert_cls() for _ in range(experts))
+
+
+def _moe_init(self: nn.Module, layers: int = 32) -> None:
+    nn.Module.__init__(self)
+    self.layers = nn.ModuleList(type(self).layer_cls() for _ in range(layers))
+
+
+StockExpert, FastExpert = _pair("Expert", {"__init__": _expert_init})
+StockMoELayer, FastMoELayer = _pair(
+    "MoELayer", {"__init__": _moe_layer_init}, expert_cls=(StockExpert, FastExpert)
+)
+StockMoE, FastMoE = _pair("MoE", {"__init__": _moe_init}, layer_cls=(StockMoELayer, FastMoELayer))
+
+
+def _moe_builder(
+    stmt: str, lower: Callable[[nn.Module], Variant]
+) -> Callable[[torch.device], dict[str, Variant]]:
+    """A whole-tree operation on a mixture-of-experts shaped tree.
+
+    32 layers x (router Linear + 64 experts x 2 Linear): 6241 modules, 8256 tensors.
+    The user classes differ by base; the Linear and ModuleList leaves are torch's.
+    """
+
+    def build(device: torch.device) -> dict[str, Variant]:
+        torch.manual_seed(0)
+        stock, fast = StockMoE(), FastMoE()
+        sd = stock.state_dict()
+        fast.load_state_dict(sd)
+        return _three(
+            Variant(stmt, {"m": stock, "sd": sd}),
+            Variant(stmt, {"m": fast, "sd": sd}),
+            lower(stock),
+        )
+
+    return build
+
+
 def _flat_lower(kind: str) -> Callable[[nn.Module], Variant]:
     """The same list without a walk: copying a list built once beforehand."""
 
@@ -410,6 +457,47 @@ CASES: tuple[Case, ...] = (
         "tree_zero_grad",
         "m.zero_grad() on the same tree (grads already None)",
         _tree_builder("m.zero_grad()", _loop_lower("for p in flat: p.grad", "parameters")),
+    ),
+    Case(
+        "tree_float_noop",
+        "m.float() on the same (float32) tree: a conversion that changes nothing",
+        _tree_builder("m.float()", _loop_lower("[t.float() for t in flat]", "parameters")),
+    ),
+    Case(
+        "tree_double_float",
+        "m.double().float() on the same tree: two real conversions",
+        _tree_builder(
+            "m.double().float()",
+            _loop_lower("[t.double().float() for t in flat]", "parameters"),
+        ),
+    ),
+    Case(
+        "moe_named_parameters",
+        "list(m.named_parameters()) on a MoE tree (32 layers x 64 experts x 2 Linear)",
+        _moe_builder("list(m.named_parameters())", _flat_lower("named_parameters")),
+    ),
+    Case(
+        "moe_state_dict",
+        "m.state_dict() on the MoE tree",
+        _moe_builder("m.state_dict()", _loop_lower("[t.detach() for t in flat]", "parameters")),
+    ),
+    Case(
+        "moe_load_state_dict",
+        "m.load_state_dict(sd) on the MoE tree",
+        _moe_builder("m.load_state_dict(sd)", _copy_lower),
+    ),
+    Case(
+        "moe_train",
+        "m.train() on the MoE tree",
+        _moe_builder(
+            "m.train()",
+            _loop_lower("for x in flat: object.__setattr__(x, 'training', True)", "modules"),
+        ),
+    ),
+    Case(
+        "moe_to_noop",
+        "m.to('cpu') on the MoE tree (already there)",
+        _moe_builder("m.to('cpu')", _loop_lower("[t.to('cpu') for t in flat]", "parameters")),
     ),
     Case(
         "mlp64",

@@ -1,0 +1,531 @@
+//! `load_state_dict`'s tree walk, in linear time, and the common case of
+//! `_load_from_state_dict` natively.
+//!
+//! The walk is torch's nested `load()`: per module, its local metadata, its
+//! `_load_from_state_dict(local, prefix, local_metadata, True, missing,
+//! unexpected, errors)`, then each child with the entries of `local` under
+//! `prefix + name + "."`, then the module's load post-hooks. torch rebuilds
+//! each child's dict by scanning the whole parent dict (quadratic in width);
+//! here the parent dict is split once into per-child buckets (same entries,
+//! same order), rebuilt whenever the parent dict or the children change while
+//! children load, and torch's scan is used whenever a key or a name is not a
+//! plain `str`.
+//!
+//! `_load_from_state_dict` runs natively for a module whose class resolves it
+//! (and `set_extra_state`) to torch's, without load pre-hooks, `assign`, the
+//! swap-tensors flag or an active torch-function/dispatch mode, with exact
+//! registries, and where every entry to copy is an exact tensor of the same
+//! shape as a non-meta exact parameter or buffer. It then does what torch's
+//! code does in that case: `param.copy_(input)` under `no_grad`, missing and
+//! unexpected keys in torch's order. Anything else calls the module's own
+//! `_load_from_state_dict`, before anything of it was touched.
+use crate::items::Items;
+use crate::lookup::{hook_dict_len, instance_dict, plain_attr, Plain};
+use crate::state::Globals;
+use crate::traversal::Depth;
+use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PySet, PyString};
+use std::sync::OnceLock;
+
+struct Config {
+    /// torch's `nn.Module._load_from_state_dict` and `set_extra_state`.
+    load_from_state_dict: Py<PyAny>,
+    set_extra_state: Py<PyAny>,
+    incompatible_keys: Py<PyAny>,
+    /// `copy_error(key, param, input, exc) -> str`: torch's message.
+    copy_error: Py<PyAny>,
+    swap_flag: crate::future::Flag,
+    function_mode: Py<PyAny>,
+    dispatch_depth: Py<PyAny>,
+    is_grad_enabled: Py<PyAny>,
+    set_grad_enabled: Py<PyAny>,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
+    let get = |k: &str| -> PyResult<Py<PyAny>> {
+        config
+            .get_item(k)?
+            .map(|v| v.unbind())
+            .ok_or_else(|| PyRuntimeError::new_err(format!("fastmodule: load config lacks {k}")))
+    };
+    let c = Config {
+        load_from_state_dict: get("load_from_state_dict")?,
+        set_extra_state: get("set_extra_state")?,
+        incompatible_keys: get("incompatible_keys")?,
+        copy_error: get("copy_error")?,
+        swap_flag: crate::future::Flag::from_getter(get("swap_flag")?.bind(config.py()))?,
+        function_mode: get("function_mode")?,
+        dispatch_depth: get("dispatch_depth")?,
+        is_grad_enabled: get("is_grad_enabled")?,
+        set_grad_enabled: get("set_grad_enabled")?,
+    };
+    let _ = CONFIG.set(c);
+    Ok(())
+}
+
+struct Ctx<'py> {
+    g: &'static Globals,
+    cfg: &'static Config,
+    metadata: Bound<'py, PyAny>,
+    assign: Bound<'py, PyAny>,
+    assigning: bool,
+    missing: Bound<'py, PyAny>,
+    unexpected: Bound<'py, PyAny>,
+    errors: Bound<'py, PyAny>,
+    post_hook_text: Bound<'py, PyAny>,
+}
+
+unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
+    let t = ffi::Py_TYPE(o);
+    t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
+}
+
+fn exact_str(o: &Bound<'_, PyAny>) -> bool {
+    unsafe { ffi::PyUnicode_CheckExact(o.as_ptr()) != 0 }
+}
+
+/// `load(module, state_dict)` of torch's `load_state_dict`, from the root.
+#[allow(clippy::too_many_arguments)]
+pub fn load_tree<'py>(
+    py: Python<'py>,
+    g: &'static Globals,
+    module: &Bound<'py, PyAny>,
+    state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
+    assign: &Bound<'py, PyAny>,
+    missing: &Bound<'py, PyAny>,
+    unexpected: &Bound<'py, PyAny>,
+    errors: &Bound<'py, PyAny>,
+    post_hook_text: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let cfg = CONFIG
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))?;
+    let ctx = Ctx {
+        g,
+        cfg,
+        metadata: metadata.clone(),
+        assign: assign.clone(),
+        assigning: assign.is_truthy()?,
+        missing: missing.clone(),
+        unexpected: unexpected.clone(),
+        errors: errors.clone(),
+        post_hook_text: post_hook_text.clone(),
+    };
+    let prefix = PyString::new(py, "");
+    load(py, &ctx, module, state_dict, prefix.as_any())
+}
+
+/// `{} if metadata is None else metadata.get(prefix[:-1], {})`.
+fn local_metadata<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    prefix: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if ctx.metadata.is_none() {
+        return Ok(PyDict::new(py).into_any());
+    }
+    let n = prefix.len()?;
+    let key = prefix.get_item(pyo3::types::PySlice::new(py, 0, n as isize - 1, 1))?;
+    // `prefix[:-1]` of "" is "" (a slice never fails on a str).
+    let key = if n == 0 { prefix.clone() } else { key };
+    ctx.metadata
+        .call_method1(intern!(py, "get"), (key, PyDict::new(py)))
+}
+
+fn load<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    local: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let _depth = Depth::enter(py)?;
+    let g = ctx.g;
+    // A plain dict's `.get` runs no code: it can wait until torch's code needs it.
+    let lazy = ctx.metadata.is_none() || unsafe { is_dict_or_odict(g, ctx.metadata.as_ptr()) };
+    let mut md = None;
+    if !lazy || ctx.assigning {
+        let m = local_metadata(py, ctx, prefix)?;
+        if ctx.assigning {
+            m.set_item(intern!(py, "assign_to_params_buffers"), &ctx.assign)?;
+        }
+        md = Some(m);
+    }
+    if ctx.assigning || !native_load_from_state_dict(py, ctx, module, local, prefix)? {
+        let md = match md {
+            Some(m) => m,
+            None => local_metadata(py, ctx, prefix)?,
+        };
+        module.call_method1(
+            intern!(py, "_load_from_state_dict"),
+            (
+                local,
+                prefix,
+                md,
+                true,
+                &ctx.missing,
+                &ctx.unexpected,
+                &ctx.errors,
+            ),
+        )?;
+    }
+    load_children(py, ctx, module, local, prefix)?;
+    // The post-hooks, with the live key lists.
+    let hooks = module.getattr(intern!(py, "_load_state_dict_post_hooks"))?;
+    if matches!(unsafe { hook_dict_len(hooks.as_ptr(), g.odict) }, Some(0)) {
+        return Ok(());
+    }
+    let incompatible = ctx
+        .cfg
+        .incompatible_keys
+        .bind(py)
+        .call1((&ctx.missing, &ctx.unexpected))?;
+    for hook in hooks.call_method0(intern!(py, "values"))?.try_iter()? {
+        let out = hook?.call1((module, &incompatible))?;
+        if !out.is_none() {
+            return Err(PyAssertionError::new_err(
+                ctx.post_hook_text.clone().unbind(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A dict's version (see `lib::dict_version`); None for non-dicts.
+type Version = Option<(u64, u64)>;
+
+fn version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Version> {
+    crate::dict_version_of(py, d)
+}
+
+fn load_children<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    local: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let modules_name = intern!(py, "_modules");
+    let children = module.getattr(modules_name)?;
+    let mut items = Items::of(module, modules_name)?;
+    let mut buckets: Option<Bound<'py, PyDict>> = None;
+    let mut seen: Option<(Version, Version)> = None;
+    let dot = intern!(py, ".");
+    while let Some((name, child)) = items.next(py)? {
+        if child.is_none() {
+            continue;
+        }
+        let child_prefix = prefix.add(&name)?.add(dot)?;
+        // Rebuild if a hook changed the parent's dict (entries or order) or
+        // the children while earlier children loaded.
+        let versions = (version(py, local)?, version(py, &children)?);
+        let usable = versions.0.is_some() && versions.1.is_some();
+        if !usable || buckets.is_none() || seen != Some(versions) {
+            buckets = if usable {
+                build_buckets(py, local, prefix, &children)?
+            } else {
+                None
+            };
+            seen = Some(versions);
+        }
+        let child_local = match &buckets {
+            Some(b) => {
+                // A fresh dict per child, as torch builds one.
+                match b.get_item(&name)? {
+                    Some(d) => {
+                        b.del_item(&name)?;
+                        d
+                    }
+                    None => PyDict::new(py).into_any(),
+                }
+            }
+            None => {
+                let d = PyDict::new(py);
+                let startswith = intern!(py, "startswith");
+                for kv in local.call_method0(intern!(py, "items"))?.try_iter()? {
+                    let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
+                    if k.call_method1(startswith, (&child_prefix,))?.is_truthy()? {
+                        d.set_item(k, v)?;
+                    }
+                }
+                d.into_any()
+            }
+        };
+        load(py, ctx, &child, &child_local, &child_prefix)?;
+    }
+    Ok(())
+}
+
+/// Split `local` by child name: `{name: {key: value}}` for keys
+/// `prefix + name + "." + ...`; None when torch's own scan must decide.
+fn build_buckets<'py>(
+    py: Python<'py>,
+    local: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    children: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    if !exact_str(prefix) {
+        return Ok(None);
+    }
+    for name in children.try_iter()? {
+        let name = name?;
+        if !exact_str(&name) {
+            return Ok(None);
+        }
+        let n = name.as_ptr();
+        let len = unsafe { ffi::PyUnicode_GET_LENGTH(n) };
+        match unsafe { ffi::PyUnicode_FindChar(n, '.' as u32, 0, len, 1) } {
+            -2 => return Err(PyErr::fetch(py)),
+            -1 => {}
+            _ => return Ok(None),
+        }
+    }
+    let out = PyDict::new(py);
+    let start = prefix.len()? as isize;
+    for kv in local.call_method0(intern!(py, "items"))?.try_iter()? {
+        let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
+        if !exact_str(&key) {
+            return Ok(None);
+        }
+        unsafe {
+            let k = key.as_ptr();
+            let len = ffi::PyUnicode_GET_LENGTH(k);
+            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1 {
+                continue;
+            }
+            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
+            if dot == -2 {
+                return Err(PyErr::fetch(py));
+            }
+            if dot < 0 {
+                continue;
+            }
+            let head = Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
+            let bucket = match out.get_item(&head)? {
+                Some(b) => b,
+                None => {
+                    let b = PyDict::new(py).into_any();
+                    out.set_item(&head, &b)?;
+                    b
+                }
+            };
+            bucket.set_item(&key, &value)?;
+        }
+    }
+    Ok(Some(out))
+}
+
+fn truthy(v: PyResult<Bound<'_, PyAny>>) -> PyResult<bool> {
+    v?.is_truthy()
+}
+
+/// An exact dict (or set) registry held in the instance dict.
+fn registry<'py>(
+    module: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = module.py();
+    unsafe {
+        let m = module.as_ptr();
+        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
+            Plain::Found(d) => Ok(Some(Bound::from_borrowed_ptr(py, d))),
+            Plain::Error => Err(PyErr::fetch(py)),
+            Plain::Unusual => Ok(None),
+        }
+    }
+}
+
+fn exact_dict(o: &Bound<'_, PyAny>) -> bool {
+    unsafe { ffi::PyDict_CheckExact(o.as_ptr()) != 0 }
+}
+
+/// May torch's `_load_from_state_dict` of `module` be run natively?
+fn native_allowed<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+) -> PyResult<bool> {
+    let g = ctx.g;
+    unsafe {
+        let m = module.as_ptr();
+        let tp = ffi::Py_TYPE(m);
+        let lfsd = intern!(py, "_load_from_state_dict");
+        let ses = intern!(py, "set_extra_state");
+        if crate::ffi_ext::_PyType_Lookup(tp, lfsd.as_ptr())
+            != ctx.cfg.load_from_state_dict.as_ptr()
+            || crate::ffi_ext::_PyType_Lookup(tp, ses.as_ptr()) != ctx.cfg.set_extra_state.as_ptr()
+            || crate::ffi_ext::_PyType_Lookup(tp, g.names.dunder_class) != g.orig.object_class
+        {
+            return Ok(false);
+        }
+        let d = instance_dict(m);
+        if !d.is_null() && ffi::PyDict_Contains(d, lfsd.as_ptr()) != 0 {
+            return Ok(false);
+        }
+    }
+    match registry(module, intern!(py, "_load_state_dict_pre_hooks"))? {
+        Some(h) if matches!(unsafe { hook_dict_len(h.as_ptr(), g.odict) }, Some(0)) => {}
+        _ => return Ok(false),
+    }
+    if ctx.cfg.swap_flag.get(py)?
+        || truthy(ctx.cfg.function_mode.bind(py).call0())?
+        || ctx.cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
+    {
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// torch's `_load_from_state_dict` for the common case; Ok(false) when the
+/// module is not the common case (nothing was done).
+fn native_load_from_state_dict<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    local: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+) -> PyResult<bool> {
+    let g = ctx.g;
+    if !exact_str(prefix)
+        || !unsafe { is_dict_or_odict(g, local.as_ptr()) }
+        || !native_allowed(py, ctx, module)?
+    {
+        return Ok(false);
+    }
+    let (Some(params), Some(buffers), Some(non_persistent), Some(modules)) = (
+        registry(module, intern!(py, "_parameters"))?,
+        registry(module, intern!(py, "_buffers"))?,
+        registry(module, intern!(py, "_non_persistent_buffers_set"))?,
+        registry(module, intern!(py, "_modules"))?,
+    ) else {
+        return Ok(false);
+    };
+    if !exact_dict(&params)
+        || !exact_dict(&buffers)
+        || !exact_dict(&modules)
+        || unsafe { ffi::PySet_CheckExact(non_persistent.as_ptr()) } == 0
+    {
+        return Ok(false);
+    }
+    let non_persistent = non_persistent.cast::<PySet>()?;
+    // local_state: parameters, then persistent buffers, without None.
+    let local_state = PyDict::new(py);
+    for (k, v) in params.cast::<PyDict>()?.iter() {
+        if !v.is_none() {
+            local_state.set_item(k, v)?;
+        }
+    }
+    for (k, v) in buffers.cast::<PyDict>()?.iter() {
+        if !v.is_none() && !non_persistent.contains(&k)? {
+            local_state.set_item(k, v)?;
+        }
+    }
+    let is_tensor = |t: &Bound<'py, PyAny>| unsafe {
+        let tp = ffi::Py_TYPE(t.as_ptr());
+        tp == g.tensor || tp == g.parameter
+    };
+    let shape = intern!(py, "shape");
+    let mut copies: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> = Vec::new();
+    let mut missing: Vec<Bound<'py, PyAny>> = Vec::new();
+    for (name, param) in local_state.iter() {
+        if !exact_str(&name) || !is_tensor(&param) {
+            return Ok(false);
+        }
+        let key = prefix.add(&name)?;
+        match local.get_item(&key) {
+            Ok(input) => {
+                if !is_tensor(&input)
+                    || !param.getattr(shape)?.eq(input.getattr(shape)?)?
+                    || truthy(param.getattr(intern!(py, "is_meta")))?
+                {
+                    return Ok(false);
+                }
+                copies.push((key, param, input));
+            }
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyError>(py) => missing.push(key),
+            Err(e) => return Err(e),
+        }
+    }
+    // Unexpected keys: those under `prefix` that name neither a child nor an
+    // entry of local_state (torch's strict scan).
+    let extra_state_key = prefix.add(intern!(py, "_extra_state"))?;
+    let mut unexpected: Vec<Bound<'py, PyAny>> = Vec::new();
+    let start = prefix.len()? as isize;
+    for key in local.try_iter()? {
+        let key = key?;
+        if !exact_str(&key) {
+            return Ok(false);
+        }
+        unsafe {
+            let k = key.as_ptr();
+            let len = ffi::PyUnicode_GET_LENGTH(k);
+            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1
+                || key.eq(&extra_state_key)?
+            {
+                continue;
+            }
+            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
+            if dot == -2 {
+                return Err(PyErr::fetch(py));
+            }
+            let known = if dot >= 0 {
+                let head =
+                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
+                modules.contains(&head)?
+            } else {
+                let rest =
+                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, len))?;
+                local_state.contains(&rest)?
+            };
+            if !known {
+                unexpected.push(key.clone());
+            }
+        }
+    }
+    // From here on this is torch's code path: copy under no_grad.
+    if !copies.is_empty() {
+        let prev = ctx.cfg.is_grad_enabled.bind(py).call0()?;
+        ctx.cfg.set_grad_enabled.bind(py).call1((false,))?;
+        let copy = intern!(py, "copy_");
+        let mut result = Ok(());
+        for (key, param, input) in &copies {
+            if let Err(e) = param.call_method1(copy, (input,)) {
+                if !e.is_instance_of::<PyException>(py) {
+                    result = Err(e);
+                    break;
+                }
+                let msg = ctx
+                    .cfg
+                    .copy_error
+                    .bind(py)
+                    .call1((key, param, input, e.value(py)));
+                match msg {
+                    Ok(m) => ctx.errors.call_method1(intern!(py, "append"), (m,))?,
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                };
+            }
+        }
+        ctx.cfg.set_grad_enabled.bind(py).call1((prev,))?;
+        result?;
+    }
+    let append = intern!(py, "append");
+    for key in missing {
+        ctx.missing.call_method1(append, (key,))?;
+    }
+    if local.contains(&extra_state_key)? {
+        ctx.unexpected.call_method1(append, (extra_state_key,))?;
+    }
+    for key in unexpected {
+        ctx.unexpected.call_method1(append, (key,))?;
+    }
+    Ok(true)
+}
