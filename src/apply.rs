@@ -22,6 +22,7 @@
 //! exactly when the tensor already has the target dtype/device; the closure is
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
+use crate::ffi_ext::_PyType_Lookup;
 use crate::items::Items;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use crate::state::Globals;
@@ -30,7 +31,7 @@ use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;
 
 /// torch's callables and fastmodule's replay helper, captured at import.
@@ -43,6 +44,9 @@ struct Config {
     function_mode: Py<PyAny>,
     dispatch_depth: Py<PyAny>,
     resume: Py<PyAny>,
+    /// The Tensor methods and properties torch's closures (and this walk)
+    /// use, as torch defines them: (interned name, object).
+    tensor_methods: Vec<(Py<PyString>, Py<PyAny>)>,
     /// torch's conversion closures: (code object, what it does).
     known: Vec<(Py<PyAny>, Known)>,
 }
@@ -99,7 +103,17 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         };
         known.push((code.unbind(), k));
     }
+    let mut tensor_methods = Vec::new();
+    for item in config
+        .get_item("tensor_methods")?
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: apply config lacks tensor_methods"))?
+        .try_iter()?
+    {
+        let (name, obj): (Bound<'_, PyString>, Bound<'_, PyAny>) = item?.extract()?;
+        tensor_methods.push((PyString::intern(py, &name.to_cow()?).unbind(), obj.unbind()));
+    }
     let c = Config {
+        tensor_methods,
         compatible: get("compatible")?,
         is_grad_enabled: get("is_grad_enabled")?,
         set_grad_enabled: get("set_grad_enabled")?,
@@ -143,6 +157,10 @@ struct Ctx<'py> {
     /// The two `torch.__future__` flags, when they can be read once per call
     /// (a recognised closure cannot change them).
     flags: Option<(bool, bool)>,
+    /// Every module's own tensors go to torch's `_apply`: a mode is active
+    /// (it must see torch's exact sequence of calls) or a flag getter was
+    /// replaced (it must be called as often as torch calls it).
+    delegate_all: bool,
 }
 
 fn truthy(v: PyResult<Bound<'_, PyAny>>) -> PyResult<bool> {
@@ -215,6 +233,7 @@ impl<'py> Ctx<'py> {
 /// Recognise torch's closure `fn` and resolve what it targets.
 fn spec_of<'py>(
     py: Python<'py>,
+    g: &Globals,
     cfg: &'static Config,
     dtypes: &[Py<PyAny>],
     f: &Bound<'py, PyAny>,
@@ -222,11 +241,14 @@ fn spec_of<'py>(
     if unsafe { ffi::PyFunction_Check(f.as_ptr()) } == 0 {
         return Ok(Spec::Unknown);
     }
-    // Modes see the calls the closure makes: then it must run.
-    if truthy(cfg.function_mode.bind(py).call0())?
-        || cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
-    {
-        return Ok(Spec::Unknown);
+    // The closure's result is known only while the Tensor methods it calls
+    // (and the properties read here) are torch's own.
+    for (name, orig) in &cfg.tensor_methods {
+        for tp in [g.tensor, g.parameter] {
+            if unsafe { _PyType_Lookup(tp, name.as_ptr()) } != orig.as_ptr() {
+                return Ok(Spec::Unknown);
+            }
+        }
     }
     let code = f.getattr(intern!(py, "__code__"))?;
     let Some(kind) = cfg
@@ -292,13 +314,22 @@ pub fn root<'py>(
             "fastmodule: conversion not initialised",
         ));
     };
-    let spec = spec_of(py, cfg, dtypes, f)?;
+    let delegate_all = truthy(cfg.function_mode.bind(py).call0())?
+        || cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
+        || !cfg.swap_flag.is_original(py)?
+        || !cfg.overwrite_flag.is_original(py)?;
+    let spec = if delegate_all {
+        Spec::Unknown
+    } else {
+        spec_of(py, g, cfg, dtypes, f)?
+    };
     let mut ctx = Ctx {
         cfg,
         g,
         fn_: f.clone(),
         spec,
         flags: None,
+        delegate_all,
     };
     if !matches!(ctx.spec, Spec::Unknown) {
         ctx.flags = Some(ctx.flags(py)?);
@@ -379,6 +410,9 @@ fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {
 
 fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
     let g = ctx.g;
+    if ctx.delegate_all {
+        return delegate(py, ctx, module);
+    }
     let (swap, overwrite) = ctx.flags(py)?;
     if swap || overwrite {
         return delegate(py, ctx, module);

@@ -44,6 +44,16 @@ impl Flag {
         })
     }
 
+    /// Is `torch.__future__.get_<flag>` still torch's own getter? (If not,
+    /// callers leave the reading to torch's code, which calls it.)
+    pub fn is_original(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self
+            .globals
+            .bind(py)
+            .get_item(self.name.bind(py))?
+            .is_some_and(|f| f.is(self.getter.bind(py))))
+    }
+
     /// `bool(torch.__future__.get_<flag>())`.
     pub fn get(&self, py: Python<'_>) -> PyResult<bool> {
         let globals = self.globals.bind(py);

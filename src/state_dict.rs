@@ -22,7 +22,7 @@
 use crate::items::Items;
 use crate::lookup::{hook_dict_len, instance_dict, plain_attr, Plain};
 use crate::state::Globals;
-use crate::traversal::Depth;
+use crate::traversal::{is_native, original, Depth, Method};
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -121,6 +121,19 @@ pub fn load_tree<'py>(
     load(py, &ctx, module, state_dict, prefix.as_any())
 }
 
+/// `prefix[:-1]`, with the very slice object Python builds for it.
+fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = prefix.py();
+    unsafe {
+        let stop = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLong(-1))?;
+        let slice = Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PySlice_New(ffi::Py_None(), stop.as_ptr(), ffi::Py_None()),
+        )?;
+        prefix.get_item(slice)
+    }
+}
+
 /// `{} if metadata is None else metadata.get(prefix[:-1], {})`.
 fn local_metadata<'py>(
     py: Python<'py>,
@@ -130,10 +143,7 @@ fn local_metadata<'py>(
     if ctx.metadata.is_none() {
         return Ok(PyDict::new(py).into_any());
     }
-    let n = prefix.len()?;
-    let key = prefix.get_item(pyo3::types::PySlice::new(py, 0, n as isize - 1, 1))?;
-    // `prefix[:-1]` of "" is "" (a slice never fails on a str).
-    let key = if n == 0 { prefix.clone() } else { key };
+    let key = but_last(prefix)?;
     ctx.metadata
         .call_method1(intern!(py, "get"), (key, PyDict::new(py)))
 }
@@ -373,7 +383,9 @@ fn native_allowed<'py>(
         Some(h) if matches!(unsafe { hook_dict_len(h.as_ptr(), g.odict) }, Some(0)) => {}
         _ => return Ok(false),
     }
-    if ctx.cfg.swap_flag.get(py)?
+    // A replaced flag getter is torch's code's to call (as often as it does).
+    if !ctx.cfg.swap_flag.is_original(py)?
+        || ctx.cfg.swap_flag.get(py)?
         || truthy(ctx.cfg.function_mode.bind(py).call0())?
         || ctx.cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
     {
@@ -528,4 +540,153 @@ fn native_load_from_state_dict<'py>(
         ctx.unexpected.call_method1(append, (key,))?;
     }
     Ok(true)
+}
+
+/// torch's `state_dict(destination=, prefix=, keep_vars=)` body for `module`
+/// (the positional-argument handling is the Python wrapper's).
+pub fn save_tree<'py>(
+    py: Python<'py>,
+    g: &'static Globals,
+    module: &Bound<'py, PyAny>,
+    destination: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    keep_vars: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _depth = Depth::enter(py)?;
+    let metadata_name = intern!(py, "_metadata");
+    let destination = if destination.is_none() {
+        let odict = unsafe { Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject) };
+        let d = odict.call0()?;
+        d.setattr(metadata_name, odict.call0()?)?;
+        d
+    } else {
+        destination.clone()
+    };
+    let local_metadata = PyDict::new(py);
+    local_metadata.set_item(
+        intern!(py, "version"),
+        module.getattr(intern!(py, "_version"))?,
+    )?;
+    let mut md = std::ptr::null_mut();
+    match unsafe {
+        ffi::compat::PyObject_GetOptionalAttr(destination.as_ptr(), metadata_name.as_ptr(), &mut md)
+    } {
+        1 => {
+            let md = unsafe { Bound::from_owned_ptr(py, md) };
+            md.set_item(but_last(prefix)?, &local_metadata)?;
+        }
+        0 => {}
+        _ => return Err(PyErr::fetch(py)),
+    }
+    let pre = module.getattr(intern!(py, "_state_dict_pre_hooks"))?;
+    if !matches!(unsafe { hook_dict_len(pre.as_ptr(), g.odict) }, Some(0)) {
+        for hook in pre.call_method0(intern!(py, "values"))?.try_iter()? {
+            hook?.call1((module, prefix, keep_vars))?;
+        }
+    }
+    if is_native(g, module, Method::SaveToStateDict) {
+        save_own(py, g, module, &destination, prefix, keep_vars)?;
+    } else {
+        module.call_method1(
+            intern!(py, "_save_to_state_dict"),
+            (&destination, prefix, keep_vars),
+        )?;
+    }
+    let dot = intern!(py, ".");
+    let mut items = Items::of(module, intern!(py, "_modules"))?;
+    while let Some((name, child)) = items.next(py)? {
+        if child.is_none() {
+            continue;
+        }
+        let child_prefix = prefix.add(&name)?.add(dot)?;
+        if is_native(g, &child, Method::StateDict) {
+            save_tree(py, g, &child, &destination, &child_prefix, keep_vars)?;
+        } else {
+            let kw = PyDict::new(py);
+            kw.set_item(intern!(py, "destination"), &destination)?;
+            kw.set_item(intern!(py, "prefix"), &child_prefix)?;
+            kw.set_item(intern!(py, "keep_vars"), keep_vars)?;
+            child.call_method(intern!(py, "state_dict"), (), Some(&kw))?;
+        }
+    }
+    let post = module.getattr(intern!(py, "_state_dict_hooks"))?;
+    if matches!(unsafe { hook_dict_len(post.as_ptr(), g.odict) }, Some(0)) {
+        return Ok(destination);
+    }
+    let mut destination = destination;
+    for hook in post.call_method0(intern!(py, "values"))?.try_iter()? {
+        let hook = hook?;
+        let result = hook.call1((module, &destination, prefix, &local_metadata))?;
+        let public = match hook.getattr(intern!(py, "_from_public_api")) {
+            Ok(v) => v.is_truthy()?,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => false,
+            Err(e) => return Err(e),
+        };
+        if !public {
+            if !result.is_none() {
+                destination = result;
+            }
+        } else if !result.is_none() {
+            return Err(PyRuntimeError::new_err(
+                "state_dict post-hook must return None",
+            ));
+        }
+    }
+    Ok(destination)
+}
+
+/// torch's `_save_to_state_dict(destination, prefix, keep_vars)` body.
+fn save_own<'py>(
+    py: Python<'py>,
+    g: &'static Globals,
+    module: &Bound<'py, PyAny>,
+    destination: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    keep_vars: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let keep = keep_vars.is_truthy()?;
+    let detach = intern!(py, "detach");
+    let mut params = Items::of(module, intern!(py, "_parameters"))?;
+    while let Some((name, p)) = params.next(py)? {
+        if p.is_none() {
+            continue;
+        }
+        let value = if keep { p } else { p.call_method0(detach)? };
+        destination.set_item(prefix.add(&name)?, value)?;
+    }
+    let non_persistent = intern!(py, "_non_persistent_buffers_set");
+    let mut buffers = Items::of(module, intern!(py, "_buffers"))?;
+    while let Some((name, b)) = buffers.next(py)? {
+        if b.is_none() || module.getattr(non_persistent)?.contains(&name)? {
+            continue;
+        }
+        let value = if keep { b } else { b.call_method0(detach)? };
+        destination.set_item(prefix.add(&name)?, value)?;
+    }
+    let overridden = unsafe {
+        let tp = ffi::Py_TYPE(module.as_ptr());
+        let name = intern!(py, "get_extra_state");
+        crate::ffi_ext::_PyType_Lookup(tp, g.names.dunder_class) != g.orig.object_class
+            || Some(crate::ffi_ext::_PyType_Lookup(tp, name.as_ptr()))
+                != original(Method::GetExtraState)
+    };
+    if overridden {
+        let cls = module.getattr(intern!(py, "__class__"))?;
+        let ges = intern!(py, "get_extra_state");
+        let torch_ges = original(Method::GetExtraState)
+            .map(|p| unsafe { Bound::from_borrowed_ptr(py, p) })
+            .ok_or_else(|| PyRuntimeError::new_err("fastmodule: method table not initialised"))?;
+        let found = match cls.getattr(ges) {
+            Ok(v) => v,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => {
+                torch_ges.clone()
+            }
+            Err(e) => return Err(e),
+        };
+        if !found.is(&torch_ges) {
+            let key = prefix.add(intern!(py, "_extra_state"))?;
+            destination.set_item(key, module.call_method0(ges)?)?;
+        }
+    }
+    Ok(())
 }

@@ -49,9 +49,13 @@ pub enum Method {
     SetSubmodule,
     GetParameter,
     GetBuffer,
+    StateDict,
+    /// Not wrapped: only its original is compared against.
+    SaveToStateDict,
+    GetExtraState,
 }
 
-pub const METHODS: [Method; 19] = [
+pub const METHODS: [Method; 22] = [
     Method::NamedModules,
     Method::NamedChildren,
     Method::Children,
@@ -71,6 +75,9 @@ pub const METHODS: [Method; 19] = [
     Method::SetSubmodule,
     Method::GetParameter,
     Method::GetBuffer,
+    Method::StateDict,
+    Method::SaveToStateDict,
+    Method::GetExtraState,
 ];
 
 impl Method {
@@ -95,6 +102,9 @@ impl Method {
             Method::SetSubmodule => "set_submodule",
             Method::GetParameter => "get_parameter",
             Method::GetBuffer => "get_buffer",
+            Method::StateDict => "state_dict",
+            Method::SaveToStateDict => "_save_to_state_dict",
+            Method::GetExtraState => "get_extra_state",
         }
     }
 }
@@ -105,7 +115,7 @@ struct Entry {
     orig: *mut ffi::PyObject,
     wrapper: *mut ffi::PyObject,
 }
-struct Table([Entry; 19]);
+struct Table([Entry; 22]);
 // SAFETY: strong references, read with the GIL held.
 unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
@@ -130,7 +140,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
             wrapper: wrapper.map_or(std::ptr::null_mut(), |w| w.into_ptr()),
         });
     }
-    let arr: [Entry; 19] = entries
+    let arr: [Entry; 22] = entries
         .try_into()
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: method table size"))?;
     let _ = TABLE.set(Table(arr));
@@ -1062,6 +1072,12 @@ pub fn call_root<'py>(
         }
         Method::GetParameter => crate::paths::get_member(py, g, module, &arg(0)?, false),
         Method::GetBuffer => crate::paths::get_member(py, g, module, &arg(0)?, true),
+        Method::StateDict => {
+            crate::state_dict::save_tree(py, g, module, &arg(0)?, &arg(1)?, &arg(2)?)
+        }
+        Method::SaveToStateDict | Method::GetExtraState => Err(
+            pyo3::exceptions::PyTypeError::new_err("not a wrapped entry point"),
+        ),
         Method::NamedMembers => Err(pyo3::exceptions::PyTypeError::new_err(
             "_named_members is not a wrapped entry point",
         )),

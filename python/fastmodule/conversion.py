@@ -90,6 +90,20 @@ def _known() -> list[tuple[Any, str, Any]]:
     return known
 
 
+def _tensor_methods() -> list[tuple[str, Any]]:
+    """The Tensor attributes torch's closures call and the native walk reads,
+    as the type lookup finds them on ``torch.Tensor`` now."""
+    names = ["float", "double", "half", "bfloat16", "cpu", "to", "is_floating_point"]
+    names += ["is_complex", "dim", "dtype", "is_cpu", "device", "grad", "data"]
+    out = []
+    for name in names:
+        for cls in torch.Tensor.__mro__:
+            if name in cls.__dict__:
+                out.append((name, cls.__dict__[name]))
+                break
+    return out
+
+
 _core.init_apply(
     {
         "compatible": torch._has_compatible_shallow_copy_type,
@@ -101,6 +115,7 @@ _core.init_apply(
         "dispatch_depth": torch._C._len_torch_dispatch_stack,
         "resume": resume,
         "known": _known(),
+        "tensor_methods": _tensor_methods(),
     }
 )
 

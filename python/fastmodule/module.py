@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, conversion, loading, paths, walks
+from fastmodule import _core, conversion, loading, paths, saving, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -45,6 +45,8 @@ class Module(torch.nn.Module):
     requires_grad_ = walks.requires_grad_
     zero_grad = walks.zero_grad
     apply = walks.apply
+    # state_dict walked natively.
+    state_dict = saving.state_dict
     # Linear-time load_state_dict (torch's per-module loading, bucketed keys).
     load_state_dict = loading.load_state_dict
     # Dotted paths: get_submodule & co.
