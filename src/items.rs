@@ -21,6 +21,7 @@ use pyo3::types::{PyIterator, PySet, PyString};
 use pyo3::PyTraverseError;
 use pyo3::PyVisit;
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
 pub enum Items {
@@ -161,9 +162,29 @@ unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
     }
 }
 
+/// Hashes an object address: aligned pointers, so a multiply mixes enough.
+#[derive(Default)]
+pub struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = ((n as u64) >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Addresses = HashSet<usize, BuildHasherDefault<AddressHasher>>;
+
 pub enum Memo {
     /// Addresses, with the objects kept alive so an address is never reused.
-    Identity(HashSet<usize>, Vec<Py<PyAny>>),
+    Identity(Addresses, Vec<Py<PyAny>>),
     Set(Py<PySet>),
     /// A caller's memo (any object): `obj in memo` and `memo.add(obj)`.
     Object(Py<PyAny>),
@@ -171,7 +192,7 @@ pub enum Memo {
 
 impl Memo {
     pub fn new() -> Memo {
-        Memo::Identity(HashSet::new(), Vec::new())
+        Memo::Identity(Addresses::default(), Vec::new())
     }
 
     pub fn from_object(o: Bound<'_, PyAny>) -> Memo {

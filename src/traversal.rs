@@ -205,6 +205,14 @@ fn pair<'py>(
     }
 }
 
+/// What one step of the `named_modules` walk produced.
+enum Yielded<'py> {
+    /// A module reached by the native walk, with its prefix.
+    Pair(Bound<'py, PyAny>, Bound<'py, PyAny>),
+    /// A pair yielded by an overriding `named_modules`.
+    Item(Bound<'py, PyAny>),
+}
+
 enum State {
     /// Not yet checked against the memo / yielded.
     Entry,
@@ -262,6 +270,21 @@ impl NamedModules {
     }
 
     fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.step_pair(py)? {
+            None => Ok(None),
+            Some(Yielded::Pair(prefix, module)) => Ok(Some(pair(py, self.values, prefix, module)?)),
+            Some(Yielded::Item(v)) if self.values => {
+                let (_, m): (Bound<'py, PyAny>, Bound<'py, PyAny>) = v.extract()?;
+                Ok(Some(m))
+            }
+            Some(Yielded::Item(v)) => Ok(Some(v)),
+        }
+    }
+
+    /// The next `(prefix, module)` (the prefix is not built for native
+    /// children when only modules are wanted), or a pair yielded by an
+    /// overriding `named_modules`, as it yielded it.
+    fn step_pair<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Yielded<'py>>> {
         let g = require(py)?;
         loop {
             let Some(top) = self.stack.last_mut() else {
@@ -279,7 +302,7 @@ impl NamedModules {
                     }
                     let prefix = top.prefix.bind(py).clone();
                     top.state = State::Resume;
-                    return Ok(Some(pair(py, self.values, prefix, module)?));
+                    return Ok(Some(Yielded::Pair(prefix, module)));
                 }
                 State::Resume => {
                     let module = top.module.bind(py).clone();
@@ -328,14 +351,7 @@ impl NamedModules {
                 State::Delegate(it) => {
                     let mut it = it.bind(py).clone();
                     match it.next() {
-                        Some(v) => {
-                            let v = v?;
-                            if self.values {
-                                let (_, m): (Bound<'py, PyAny>, Bound<'py, PyAny>) = v.extract()?;
-                                return Ok(Some(m));
-                            }
-                            return Ok(Some(v));
-                        }
+                        Some(v) => return Ok(Some(Yielded::Item(v?))),
                         None => {
                             if let Some(e) = PyErr::take(py) {
                                 return Err(e);
@@ -365,18 +381,7 @@ impl NamedModules {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.memo.traverse(&visit)?;
-        visit.call(&self.remove_duplicate)?;
-        for f in &self.stack {
-            visit.call(&f.module)?;
-            visit.call(&f.prefix)?;
-            match &f.state {
-                State::Entry | State::Resume => {}
-                State::Items(i) => i.traverse(&visit)?,
-                State::Delegate(i) => visit.call(i)?,
-            }
-        }
-        Ok(())
+        self.traverse_inner(&visit)
     }
 
     fn __clear__(&mut self) {
@@ -385,9 +390,26 @@ impl NamedModules {
     }
 }
 
+impl NamedModules {
+    fn traverse_inner(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.memo.traverse(visit)?;
+        visit.call(&self.remove_duplicate)?;
+        for f in &self.stack {
+            visit.call(&f.module)?;
+            visit.call(&f.prefix)?;
+            match &f.state {
+                State::Entry | State::Resume => {}
+                State::Items(i) => i.traverse(visit)?,
+                State::Delegate(i) => visit.call(i)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where `_named_members` takes its modules from.
 enum Source {
-    Native(Py<NamedModules>),
+    Native(Box<NamedModules>),
     Python(Py<PyIterator>),
     /// `recurse=False`: `[(prefix, self)]`, not yet consumed.
     Single(Option<(Py<PyAny>, Py<PyAny>)>),
@@ -399,7 +421,9 @@ pub struct NamedMembers {
     values: bool,
     source: Source,
     registry: &'static str,
-    current: Option<(Py<PyAny>, Items)>,
+    /// The module being walked: its prefix, `prefix + "."` when both are
+    /// plain strs and names are wanted, and its registry's items.
+    current: Option<(Py<PyAny>, Option<Py<PyAny>>, Items)>,
     memo: Memo,
     rd: bool,
     done: bool,
@@ -419,10 +443,15 @@ impl NamedMembers {
         let source = if !recurse {
             Source::Single(Some((prefix.clone().unbind(), module.clone().unbind())))
         } else if is_native(g, module, Method::NamedModules) {
-            Source::Native(Py::new(
+            // Names are built only where the members' names need them.
+            Source::Native(Box::new(NamedModules::new(
                 py,
-                NamedModules::new(py, module, None, prefix, remove_duplicate, false)?,
-            )?)
+                module,
+                None,
+                prefix,
+                remove_duplicate,
+                values,
+            )?))
         } else {
             let kw = PyDict::new(py);
             kw.set_item(intern!(py, "prefix"), prefix)?;
@@ -453,7 +482,11 @@ impl NamedMembers {
             Source::Single(s) => {
                 return Ok(s.take().map(|(p, m)| (p.into_bound(py), m.into_bound(py))))
             }
-            Source::Native(n) => n.bind(py).borrow_mut().step(py)?,
+            Source::Native(n) => match n.step_pair(py)? {
+                None => None,
+                Some(Yielded::Pair(prefix, module)) => return Ok(Some((prefix, module))),
+                Some(Yielded::Item(v)) => Some(v),
+            },
             Source::Python(it) => match it.bind(py).clone().next() {
                 Some(v) => Some(v?),
                 None => {
@@ -472,7 +505,7 @@ impl NamedMembers {
 
     pub fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         loop {
-            if let Some((prefix, it)) = &mut self.current {
+            if let Some((prefix, dotted, it)) = &mut self.current {
                 match it.next(py)? {
                     Some((k, v)) => {
                         if v.is_none() || self.memo.contains(&v)? {
@@ -480,6 +513,17 @@ impl NamedMembers {
                         }
                         if self.rd {
                             self.memo.add(&v)?;
+                        }
+                        if let Some(d) = dotted {
+                            if unsafe { ffi::PyUnicode_CheckExact(k.as_ptr()) } != 0 {
+                                let name = unsafe {
+                                    Bound::from_owned_ptr_or_err(
+                                        py,
+                                        ffi::PyUnicode_Concat(d.as_ptr(), k.as_ptr()),
+                                    )?
+                                };
+                                return Ok(Some(PyTuple::new(py, [name, v])?.into_any()));
+                            }
                         }
                         return match join(prefix.bind(py), &k, self.values)? {
                             _ if self.values => Ok(Some(v)),
@@ -498,7 +542,15 @@ impl NamedMembers {
                         intern!(py, "_buffers")
                     };
                     let it = Items::of(&module, reg)?;
-                    self.current = Some((prefix.unbind(), it));
+                    let dotted = if !self.values
+                        && unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } != 0
+                        && prefix.len()? > 0
+                    {
+                        Some(prefix.add(intern!(py, "."))?.unbind())
+                    } else {
+                        None
+                    };
+                    self.current = Some((prefix.unbind(), dotted, it));
                 }
                 None => return Ok(None),
             }
@@ -527,7 +579,7 @@ impl NamedMembers {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         self.memo.traverse(&visit)?;
         match &self.source {
-            Source::Native(n) => visit.call(n)?,
+            Source::Native(n) => n.traverse_inner(&visit)?,
             Source::Python(i) => visit.call(i)?,
             Source::Single(Some((p, m))) => {
                 visit.call(p)?;
@@ -535,8 +587,11 @@ impl NamedMembers {
             }
             Source::Single(None) => {}
         }
-        if let Some((p, i)) = &self.current {
+        if let Some((p, d, i)) = &self.current {
             visit.call(p)?;
+            if let Some(d) = d {
+                visit.call(d)?;
+            }
             i.traverse(&visit)?;
         }
         Ok(())
