@@ -14,6 +14,7 @@
 //! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
+mod accelerated;
 mod apply;
 mod attr;
 mod call;
@@ -27,6 +28,7 @@ mod lookup;
 mod methods;
 mod paths;
 mod register;
+mod routes;
 mod slots;
 mod state;
 mod state_dict;
@@ -74,12 +76,38 @@ fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResu
     apply::init(py, config)
 }
 
+/// Route torch's own whole-tree methods to `bodies[name]` for fast instances.
+#[pyfunction]
+fn route_torch_methods(py: Python<'_>, bodies: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    routes::install(py, bodies)
+}
+
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
 /// Returns which of (call, getattr, setattr) it carries.
 #[pyfunction]
 fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
     let i = slots::install_class(py, cls)?;
     Ok((i.call, i.getattr, i.setattr))
+}
+
+/// Accelerate `cls` (a torch.nn.Module subclass) in place: its instances take
+/// the native paths. Returns which of (call, getattr, setattr) it carries.
+#[pyfunction]
+fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
+    let i = slots::accelerate_class(py, cls)?;
+    Ok((i.call, i.getattr, i.setattr))
+}
+
+/// Undo `accelerate_class`; False if `cls` was not accelerated in place.
+#[pyfunction]
+fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> {
+    slots::restore_class(py, cls)
+}
+
+/// Is `cls` accelerated in place?
+#[pyfunction]
+fn is_accelerated_class(cls: &Bound<'_, PyType>) -> bool {
+    slots::is_accelerated(cls)
 }
 
 /// Which of (call, getattr, setattr) slots `cls` carries right now.
@@ -198,6 +226,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
+    m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
+    m.add_function(wrap_pyfunction!(accelerate_class, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_class, m)?)?;
+    m.add_function(wrap_pyfunction!(is_accelerated_class, m)?)?;
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;

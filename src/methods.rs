@@ -249,7 +249,7 @@ extern "C" {
     fn PyFunction_SetVectorcall(func: *mut ffi::PyFunctionObject, vectorcall: ffi::vectorcallfunc);
 }
 
-unsafe fn set_vectorcall(func: *mut ffi::PyFunctionObject, vc: ffi::vectorcallfunc) {
+pub(crate) unsafe fn set_vectorcall(func: *mut ffi::PyFunctionObject, vc: ffi::vectorcallfunc) {
     #[cfg(Py_3_12)]
     PyFunction_SetVectorcall(func, vc);
     #[cfg(not(Py_3_12))]

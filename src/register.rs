@@ -888,7 +888,8 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
 #[inline(always)]
 pub unsafe fn is_fast_instance(g: &Globals, obj: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(obj);
-    ffi::PyType_IsSubtype(tp, g.fast_module) != 0 && object_after_nn_module(g, tp)
+    (ffi::PyType_IsSubtype(tp, g.fast_module) != 0 || crate::accelerated::contains(tp))
+        && object_after_nn_module(g, tp)
 }
 
 /// Is `object` the only class after `torch.nn.Module` in `tp`'s MRO?

@@ -97,6 +97,52 @@ pub fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Instal
     }
 }
 
+/// Accelerate `cls` (any `torch.nn.Module` subclass) in place.
+pub fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
+    let g = require(py)?;
+    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
+    if unsafe { ffi::PyType_IsSubtype(tp, g.nn_module) } == 0 {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{} is not a subclass of torch.nn.Module",
+            cls.name()?
+        )));
+    }
+    crate::accelerated::add(cls)?;
+    unsafe {
+        rearm(g, tp);
+        Ok(current(g, tp))
+    }
+}
+
+/// Undo `accelerate_class`: the class leaves the set and its slots go back
+/// to what CPython computes from its MRO.
+pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> {
+    let g = require(py)?;
+    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
+    if unsafe { ffi::PyType_IsSubtype(tp, g.fast_module) } != 0 {
+        // fastmodule.Module subclasses are fast by construction.
+        return Ok(false);
+    }
+    let was = crate::accelerated::remove(cls)?;
+    // Our slots are installed only while `__call__`/`__getattr__` resolve to
+    // nn.Module's Python functions; for such a class CPython's own slots are
+    // the generic ones nn.Module carries.
+    unsafe {
+        if is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) {
+            (*tp).tp_call = (*g.nn_module).tp_call;
+        }
+        if is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) {
+            (*tp).tp_getattro = (*g.nn_module).tp_getattro;
+        }
+    }
+    Ok(was)
+}
+
+/// Is `cls` accelerated in place?
+pub fn is_accelerated(cls: &Bound<'_, PyType>) -> bool {
+    crate::accelerated::contains(cls.as_ptr() as *mut ffi::PyTypeObject)
+}
+
 /// Which native paths `cls` uses now.
 pub fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
     let g = require(py)?;

@@ -20,3 +20,30 @@ def dict_version(d: object) -> int | None:
 
 def init_apply(config: dict[str, object]) -> None:
     """Capture torch's callables and closures used by the native ``_apply``."""
+
+def accelerate_class(cls: type) -> tuple[bool, bool, bool]:
+    """Accelerate a ``torch.nn.Module`` subclass in place."""
+
+def restore_class(cls: type) -> bool:
+    """Undo ``accelerate_class``; False if the class was not accelerated in place."""
+
+def is_accelerated_class(cls: type) -> bool:
+    """Is ``cls`` accelerated in place?"""
+
+def route_torch_methods(bodies: dict[str, object]) -> None:
+    """Route torch's own whole-tree methods to fastmodule's bodies for fast instances."""
+
+def init_load(config: dict[str, object]) -> None:
+    """Capture torch's callables used by the native load walk."""
+
+def load_tree(
+    module: object,
+    state_dict: object,
+    metadata: object,
+    assign: object,
+    missing: list[str],
+    unexpected: list[str],
+    errors: list[str],
+    post_hook_text: str,
+) -> None:
+    """torch's ``load()`` walk of ``load_state_dict``, natively."""

@@ -18,7 +18,11 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
-__all__ = ["torch_constant", "torch_method"]
+__all__ = ["BODIES", "torch_constant", "torch_method"]
+
+#: name -> native body of every usable method built by :func:`torch_method`;
+#: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
+BODIES: dict[str, Callable[..., Any]] = {}
 
 
 def torch_constant(name: str, start: str) -> str | None:
@@ -46,6 +50,8 @@ def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) ->
     body.__code__ = body.__code__.replace(co_name=name, co_qualname=f"Module.{name}")
     body.__name__ = name
     body.__qualname__ = f"Module.{name}"
+    if usable:
+        BODIES[name] = body
 
     def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not usable or is_compiling() or torch.nn.Module.__dict__.get(name) is not original:

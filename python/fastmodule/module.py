@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, conversion, loading, paths, saving, walks
+from fastmodule import _core, _dispatch, conversion, loading, paths, saving, walks
 
 __all__ = ["Module", "slots_of"]
 
@@ -69,3 +69,6 @@ def slots_of(cls: type) -> tuple[bool, bool, bool]:
 
 
 _core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+# torch's own whole-tree methods run the same bodies for fast instances
+# (accelerated classes included), wherever they are called from.
+_core.route_torch_methods(_dispatch.BODIES)
