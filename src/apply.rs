@@ -26,7 +26,7 @@ use crate::ffi_ext::_PyType_Lookup;
 use crate::items::Items;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use crate::state::Globals;
-use crate::traversal::{call_method, for_each_child, is_native, original, Depth, Method};
+use crate::traversal::{call_method, for_each_child, is_native, Depth, Method};
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -360,11 +360,8 @@ fn body<'py>(
 
 /// torch's `_apply(fn, recurse=False)` for `module`.
 fn delegate<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
-    let Some(orig) = original(Method::ApplyFn) else {
-        return Err(PyRuntimeError::new_err("fastmodule: _apply not captured"));
-    };
-    let orig = unsafe { Bound::from_borrowed_ptr(py, orig) };
-    orig.call1((module, &ctx.fn_, false))?;
+    let code = crate::routes::torch_code(py, Method::ApplyFn.name())?;
+    code.call1((module, &ctx.fn_, false))?;
     Ok(())
 }
 

@@ -103,6 +103,22 @@ impl Args {
             Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v, n, kw),
         }
     }
+    /// The only argument of a call with one positional argument and no
+    /// keywords.
+    #[inline(always)]
+    unsafe fn single(self) -> Option<*mut ffi::PyObject> {
+        match self {
+            Args::Tuple(a, k) => {
+                let no_kw = k.is_null() || ffi::PyDict_Size(k) == 0;
+                (no_kw && ffi::PyTuple_GET_SIZE(a) == 1).then(|| ffi::PyTuple_GET_ITEM(a, 0))
+            }
+            Args::Vector(v, n, kw) => {
+                let no_kw = kw.is_null() || ffi::PyTuple_GET_SIZE(kw) == 0;
+                (no_kw && n == 2).then(|| *v.add(1))
+            }
+        }
+    }
+
     /// `func(*args, **kwargs)`.
     unsafe fn call(self, func: *mut ffi::PyObject) -> *mut ffi::PyObject {
         match self {
@@ -158,6 +174,12 @@ unsafe fn call_function(
     slf: *mut ffi::PyObject,
     args: Args,
 ) -> *mut ffi::PyObject {
+    // torch's own Sequential/Linear/ReLU forward, without its frame.
+    if let Some(input) = args.single() {
+        if let Some(r) = crate::leaves::forward(func, slf, input) {
+            return r;
+        }
+    }
     // Keep the function alive even if the class attribute is replaced
     // during the call.
     ffi::Py_INCREF(func);

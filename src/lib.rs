@@ -11,6 +11,7 @@
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
 //! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
+//! - `leaves`: torch's Sequential/Linear/ReLU `forward` without their frames,
 //! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
 //! - `errors`: torch's exception texts,
 //! - `lookup`, `state`, `ffi_ext`: shared primitives.
@@ -24,6 +25,7 @@ mod ffi_ext;
 mod future;
 mod hooks;
 mod items;
+mod leaves;
 mod lookup;
 mod methods;
 mod paths;
@@ -76,10 +78,20 @@ fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResu
     apply::init(py, config)
 }
 
+/// Capture torch's layer functions the call path may run natively.
+#[pyfunction]
+fn init_layers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    leaves::init(py, config)
+}
+
 /// Route torch's own whole-tree methods to `bodies[name]` for fast instances.
 #[pyfunction]
-fn route_torch_methods(py: Python<'_>, bodies: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    routes::install(py, bodies)
+fn route_torch_methods(
+    py: Python<'_>,
+    bodies: &Bound<'_, pyo3::types::PyDict>,
+    copies: &Bound<'_, pyo3::types::PyDict>,
+) -> PyResult<()> {
+    routes::install(py, bodies, copies)
 }
 
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
@@ -227,6 +239,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
+    m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(accelerate_class, m)?)?;
     m.add_function(wrap_pyfunction!(restore_class, m)?)?;
     m.add_function(wrap_pyfunction!(is_accelerated_class, m)?)?;

@@ -8,9 +8,9 @@
 //! one. A target that is not an exact `str` (whose `split` could be anything)
 //! is handed to torch's own function.
 use crate::state::Globals;
-use crate::traversal::{call_method, is_native, original, Method};
+use crate::traversal::{call_method, is_native, Method};
 use pyo3::call::PyCallArgs;
-use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -30,9 +30,7 @@ fn torch_own<'py, A: PyCallArgs<'py>>(
     m: Method,
     args: A,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let orig = original(m)
-        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: method table not initialised"))?;
-    unsafe { Bound::from_borrowed_ptr(py, orig) }.call1(args)
+    crate::routes::torch_code(py, m.name())?.call1(args)
 }
 
 /// `hasattr(obj, name)`.

@@ -24,6 +24,10 @@ struct Route {
     func: *mut ffi::PyObject,
     original: ffi::vectorcallfunc,
     body: *mut ffi::PyObject,
+    name: String,
+    /// A copy of torch's function that is not routed: torch's code, for
+    /// fastmodule's own calls of it.
+    code: *mut ffi::PyObject,
 }
 struct Routes(Vec<Route>);
 // SAFETY: strong references, used with the GIL held.
@@ -52,8 +56,26 @@ unsafe extern "C" fn routed(
     (route.original)(callable, args, nargsf, kwnames)
 }
 
-/// Route `torch.nn.Module.<name>` to `bodies[name]` for fast instances (once).
-pub fn install(py: Python<'_>, bodies: &Bound<'_, PyDict>) -> PyResult<()> {
+/// torch's own code for `nn.Module.<name>`: the unrouted copy if the function
+/// is routed, else the function itself (as installed now).
+pub fn torch_code<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(routes) = ROUTES.get() {
+        if let Some(r) = routes.0.iter().find(|r| r.name == name) {
+            return Ok(unsafe { Bound::from_borrowed_ptr(py, r.code) });
+        }
+    }
+    let g = require(py)?;
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    nn_module.getattr("__dict__")?.get_item(name)
+}
+
+/// Route `torch.nn.Module.<name>` to `bodies[name]` for fast instances (once);
+/// `copies[name]` is the unrouted copy of torch's function.
+pub fn install(
+    py: Python<'_>,
+    bodies: &Bound<'_, PyDict>,
+    copies: &Bound<'_, PyDict>,
+) -> PyResult<()> {
     let g = require(py)?;
     if ROUTES.get().is_some() {
         return Ok(());
@@ -72,10 +94,15 @@ pub fn install(py: Python<'_>, bodies: &Bound<'_, PyDict>) -> PyResult<()> {
                 "torch.nn.Module method has no vectorcall",
             ));
         };
+        let Some(code) = copies.get_item(&name)? else {
+            continue;
+        };
         routes.push(Route {
             func: func.into_ptr(),
             original,
             body: body.into_ptr(),
+            name: name.extract()?,
+            code: code.into_ptr(),
         });
     }
     let funcs: Vec<*mut ffi::PyObject> = routes.iter().map(|r| r.func).collect();

@@ -186,9 +186,7 @@ pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
 
 /// `torch.nn.Module.<m>` as currently installed (for the wrappers' fallback).
 pub fn torch_method<'py>(py: Python<'py>, m: Method) -> PyResult<Bound<'py, PyAny>> {
-    let g = require(py)?;
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
-    nn_module.getattr(m.name())
+    crate::routes::torch_code(py, m.name())
 }
 
 /// `(name, value)`, or just `value` for the value-only variants.

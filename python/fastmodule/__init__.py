@@ -16,6 +16,7 @@ accelerates every module class in the process.
 
 from fastmodule.acceleration import (
     accelerate,
+    accelerated,
     install,
     installed,
     is_accelerated,
@@ -28,6 +29,7 @@ __all__ = [
     "Module",
     "__version__",
     "accelerate",
+    "accelerated",
     "install",
     "installed",
     "is_accelerated",

@@ -1,4 +1,5 @@
-"""Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``."""
+"""Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...`` and
+``python -m fastmodule run script.py [args ...]``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fastmodule`` argument parser (one subcommand: ``bench``)."""
+    """The ``fastmodule`` argument parser (subcommands ``bench`` and ``run``)."""
     parser = argparse.ArgumentParser(prog="fastmodule", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser(
@@ -23,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="for mlp64")
+    run = sub.add_parser(
+        "run",
+        help="run a Python script with every torch.nn.Module class accelerated",
+        description="Call fastmodule.install(), then run SCRIPT as __main__ with ARGS.",
+    )
+    run.add_argument("script", help="path of the Python script")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
 
 
@@ -63,11 +71,29 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_script(args: argparse.Namespace) -> int:
+    """Run the ``run`` subcommand: install, then the script as ``__main__``."""
+    import os
+    import runpy
+
+    import fastmodule
+
+    if not os.path.isfile(args.script):
+        return _error(f"no such script: {args.script}")
+    fastmodule.install()
+    sys.argv = [args.script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fastmodule`` and the ``fastmodule`` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "run":
+        return run_script(args)
     return 2  # unreachable: argparse requires a known subcommand
 
 

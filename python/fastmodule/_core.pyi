@@ -47,3 +47,6 @@ def load_tree(
     post_hook_text: str,
 ) -> None:
     """torch's ``load()`` walk of ``load_state_dict``, natively."""
+
+def init_layers(config: dict[str, object]) -> None:
+    """Capture torch's layer functions the call path may run natively."""

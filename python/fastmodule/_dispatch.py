@@ -12,17 +12,32 @@ errors read exactly as torch's.
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.compiler import is_compiling
 
-__all__ = ["BODIES", "torch_constant", "torch_method"]
+__all__ = ["BODIES", "torch_code", "torch_constant", "torch_method"]
 
 #: name -> native body of every usable method built by :func:`torch_method`;
 #: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
 BODIES: dict[str, Callable[..., Any]] = {}
+
+
+def torch_code(name: str) -> Callable[..., Any]:
+    """A private copy of torch's ``nn.Module.<name>`` function: the same code,
+    globals, defaults and closure, but not routed to fastmodule's bodies (see
+    ``_core.route_torch_methods``), for fastmodule's own calls of torch's code."""
+    f = torch.nn.Module.__dict__[name]
+    copy = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    copy.__kwdefaults__ = f.__kwdefaults__
+    copy.__qualname__ = f.__qualname__
+    copy.__doc__ = f.__doc__
+    copy.__module__ = f.__module__
+    copy.__dict__.update(f.__dict__)
+    return copy
 
 
 def torch_constant(name: str, start: str) -> str | None:

@@ -21,6 +21,8 @@ Python; calls, attribute reads and registration are native on every version.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -28,7 +30,15 @@ import torch
 from fastmodule import _core
 from fastmodule.module import Module
 
-__all__ = ["accelerate", "install", "installed", "is_accelerated", "restore", "uninstall"]
+__all__ = [
+    "accelerate",
+    "accelerated",
+    "install",
+    "installed",
+    "is_accelerated",
+    "restore",
+    "uninstall",
+]
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -71,6 +81,24 @@ def accelerate(model: M) -> M:
             _core.restore_class(cls)
         raise
     return model
+
+
+@contextlib.contextmanager
+def accelerated(model: M) -> Iterator[M]:
+    """``with accelerated(model):`` accelerates ``model``'s classes for the block and
+    restores, on exit, exactly those that were not accelerated before it."""
+    _check(model, "accelerated")
+    newly = [
+        cls
+        for cls in _classes(model)
+        if not issubclass(cls, Module) and not _core.is_accelerated_class(cls)
+    ]
+    accelerate(model)
+    try:
+        yield model
+    finally:
+        for cls in newly:
+            _core.restore_class(cls)
 
 
 def restore(model: M) -> M:

@@ -18,11 +18,12 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import torch_method
+from fastmodule._dispatch import torch_code, torch_method
 
 __all__ = ["apply_fn"]
 
-_TORCH_APPLY = torch.nn.Module.__dict__["_apply"]
+# torch's own `_apply` code (not routed back to the native walk).
+_TORCH_APPLY = torch_code("_apply")
 _NOT_CALLED = object()
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from fastmodule import _core, _dispatch, conversion, loading, paths, saving, walks
+from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
 
 __all__ = ["Module", "slots_of"]
 
@@ -71,4 +72,6 @@ def slots_of(cls: type) -> tuple[bool, bool, bool]:
 _core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
 # torch's own whole-tree methods run the same bodies for fast instances
 # (accelerated classes included), wherever they are called from.
-_core.route_torch_methods(_dispatch.BODIES)
+_core.route_torch_methods(
+    _dispatch.BODIES, {name: _dispatch.torch_code(name) for name in _dispatch.BODIES}
+)

@@ -382,6 +382,39 @@ def _build_mlp64(device: torch.device) -> dict[str, Variant]:
     )
 
 
+def _torch_mlp(depth: int = 64) -> nn.Module:
+    """The design notes' MLP built from torch's own layers only."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)])
+
+
+def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
+    torch.manual_seed(0)
+    stock = _torch_mlp().to(device)
+    fast = _torch_mlp().to(device)
+    fast.load_state_dict(stock.state_dict())
+    params = [(blk[0].weight.detach(), blk[0].bias.detach()) for blk in stock]
+    x = torch.randn(1, 32, device=device)
+    with torch.inference_mode():
+        ref = stock(x)
+        with fastmodule.accelerated(fast):
+            out = fast(x)
+        if not (torch.equal(ref, out) and torch.allclose(ref, mlp_lower(x, params))):
+            raise RuntimeError("mlp64_accelerated: stock, fast and lower bound disagree")
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def fast_context() -> Any:
+        # Acceleration is per class: on for the fast column only.
+        with torch.inference_mode(), fastmodule.accelerated(fast):
+            yield
+
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}, torch.inference_mode, sync),
+        Variant("m(x)", {"m": fast, "x": x}, fast_context, sync),
+        Variant("f(x, p)", {"f": mlp_lower, "x": x, "p": params}, torch.inference_mode, sync),
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case("call", "m(x), forward returns x", _build_call),
     Case("call_kwargs", "m(x, y=y)", _build_call_kwargs),
@@ -501,8 +534,14 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "mlp64",
-        "64 x (Linear(32,32) + ReLU), batch 1, inference_mode",
+        "64 x (Linear(32,32) + ReLU), batch 1, inference_mode; fastmodule.Module containers",
         _build_mlp64,
+        uses_device=True,
+    ),
+    Case(
+        "mlp64_accelerated",
+        "the same MLP of torch's own layers only, fastmodule.accelerate(model)",
+        _build_mlp64_accelerated,
         uses_device=True,
     ),
 )

@@ -1,0 +1,67 @@
+"""torch layers whose ``forward`` the native call path may run without a frame.
+
+``nn.Sequential.forward``, ``nn.Linear.forward`` and ``nn.ReLU.forward`` are
+short and fixed: the native call (``fastmodule._core``, module ``leaves``)
+runs the same builtin ops with the same arguments, after checking on every
+call that the globals they read are still torch's objects. This file hands
+over those objects, but only after checking that the installed torch's
+functions read exactly the names that code reproduces; otherwise nothing is
+registered and the functions simply run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.nn.modules.activation as activation
+import torch.nn.modules.linear as linear
+
+from fastmodule import _core
+
+__all__: list[str] = []
+
+
+def _names(f: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    code = f.__code__
+    return code.co_names, code.co_varnames[: code.co_argcount]
+
+
+def _expected() -> bool:
+    """Do torch's functions read exactly what the native versions reproduce?"""
+    return (
+        _names(torch.nn.Linear.forward) == (("F", "linear", "weight", "bias"), ("self", "input"))
+        and _names(torch.nn.ReLU.forward) == (("F", "relu", "inplace"), ("self", "input"))
+        and _names(torch.nn.Sequential.forward) == ((), ("self", "input"))
+        and _names(torch.nn.Sequential.__dict__["__iter__"])
+        == (("iter", "_modules", "values"), ("self",))
+        and set(_names(F.relu)[0])
+        == {"has_torch_function_unary", "handle_torch_function", "relu", "torch", "relu_"}
+        and _names(F.relu)[1] == ("input", "inplace")
+        and F.relu.__defaults__ == (False,)
+        and F.linear is torch._C._nn.linear
+    )
+
+
+if _expected():
+    _core.init_layers(
+        {
+            "sequential_forward": torch.nn.Sequential.forward,
+            "sequential_iter": torch.nn.Sequential.__dict__["__iter__"],
+            "linear_forward": torch.nn.Linear.forward,
+            "relu_forward": torch.nn.ReLU.forward,
+            "functional": F,
+            "functional_dict": F.__dict__,
+            "linear_globals": linear.__dict__,
+            "activation_globals": activation.__dict__,
+            "f_linear": F.linear,
+            "f_relu": F.relu,
+            "f_relu_globals": F.relu.__globals__,
+            "torch": torch,
+            "torch_dict": torch.__dict__,
+            "torch_relu": torch.relu,
+            "torch_relu_": torch.relu_,
+            "has_torch_function_unary": F.relu.__globals__["has_torch_function_unary"],
+        }
+    )

@@ -1,0 +1,271 @@
+//! torch's own `Sequential.forward`, `Linear.forward` and `ReLU.forward`
+//! without their Python frames.
+//!
+//! Only where the result is provably torch's: the module's `forward`
+//! resolves to torch's very function (checked by the caller), the call has
+//! exactly one positional argument, and every global those functions read
+//! (`F`, `F.linear`, `F.relu`, `torch.relu`, `has_torch_function_unary`)
+//! is still the object torch installed. Then the same builtin ops run with
+//! the same arguments, in the same order; `F.relu`'s `__torch_function__`
+//! check runs as torch's code runs it, and a tensor or mode that needs it gets
+//! `F.relu` itself. The function bodies were checked at import
+//! (`fastmodule.layers`) against the names they use, so a torch whose layers
+//! read differently is simply not served.
+use crate::items::Items;
+use crate::lookup::{instance_dict, plain_attr, Plain};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::OnceLock;
+
+struct Leaves {
+    sequential_forward: *mut ffi::PyObject,
+    sequential_iter: *mut ffi::PyObject,
+    linear_forward: *mut ffi::PyObject,
+    relu_forward: *mut ffi::PyObject,
+    /// `torch.nn.functional` and its module dict.
+    functional: *mut ffi::PyObject,
+    functional_dict: *mut ffi::PyObject,
+    /// The globals of `torch.nn.modules.linear` / `.activation`.
+    linear_globals: *mut ffi::PyObject,
+    activation_globals: *mut ffi::PyObject,
+    f_linear: *mut ffi::PyObject,
+    f_relu: *mut ffi::PyObject,
+    f_relu_globals: *mut ffi::PyObject,
+    torch: *mut ffi::PyObject,
+    torch_dict: *mut ffi::PyObject,
+    torch_relu: *mut ffi::PyObject,
+    torch_relu_: *mut ffi::PyObject,
+    has_torch_function_unary: *mut ffi::PyObject,
+    names: Names,
+}
+
+struct Names {
+    f: *mut ffi::PyObject,
+    linear: *mut ffi::PyObject,
+    relu: *mut ffi::PyObject,
+    relu_: *mut ffi::PyObject,
+    torch: *mut ffi::PyObject,
+    has_tf_unary: *mut ffi::PyObject,
+    weight: *mut ffi::PyObject,
+    bias: *mut ffi::PyObject,
+    inplace: *mut ffi::PyObject,
+    modules: *mut ffi::PyObject,
+    iter: *mut ffi::PyObject,
+}
+
+// SAFETY: strong references kept for the life of the process, read with the GIL.
+unsafe impl Send for Leaves {}
+unsafe impl Sync for Leaves {}
+static LEAVES: OnceLock<Leaves> = OnceLock::new();
+
+/// `config`: see `fastmodule.layers`.
+pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    let get = |k: &str| -> PyResult<*mut ffi::PyObject> {
+        Ok(config
+            .get_item(k)?
+            .ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err(format!("fastmodule: layers lack {k}"))
+            })?
+            .into_ptr())
+    };
+    let intern = |s: &str| pyo3::types::PyString::intern(py, s).into_ptr();
+    let l = Leaves {
+        sequential_forward: get("sequential_forward")?,
+        sequential_iter: get("sequential_iter")?,
+        linear_forward: get("linear_forward")?,
+        relu_forward: get("relu_forward")?,
+        functional: get("functional")?,
+        functional_dict: get("functional_dict")?,
+        linear_globals: get("linear_globals")?,
+        activation_globals: get("activation_globals")?,
+        f_linear: get("f_linear")?,
+        f_relu: get("f_relu")?,
+        f_relu_globals: get("f_relu_globals")?,
+        torch: get("torch")?,
+        torch_dict: get("torch_dict")?,
+        torch_relu: get("torch_relu")?,
+        torch_relu_: get("torch_relu_")?,
+        has_torch_function_unary: get("has_torch_function_unary")?,
+        names: Names {
+            f: intern("F"),
+            linear: intern("linear"),
+            relu: intern("relu"),
+            relu_: intern("relu_"),
+            torch: intern("torch"),
+            has_tf_unary: intern("has_torch_function_unary"),
+            weight: intern("weight"),
+            bias: intern("bias"),
+            inplace: intern("inplace"),
+            modules: intern("_modules"),
+            iter: intern("__iter__"),
+        },
+    };
+    let _ = LEAVES.set(l);
+    Ok(())
+}
+
+/// `d[key] is want` for a module dict (borrowed lookups, no error expected).
+#[inline(always)]
+unsafe fn is(d: *mut ffi::PyObject, key: *mut ffi::PyObject, want: *mut ffi::PyObject) -> bool {
+    let v = ffi::PyDict_GetItemWithError(d, key);
+    if v.is_null() {
+        ffi::PyErr_Clear();
+        return false;
+    }
+    v == want
+}
+
+/// torch's `forward` function `func` for `slf(input)`, natively; None when
+/// it is not one served here (the caller then calls `func`).
+#[inline(always)]
+pub unsafe fn forward(
+    func: *mut ffi::PyObject,
+    slf: *mut ffi::PyObject,
+    input: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let l = LEAVES.get()?;
+    if func == l.linear_forward {
+        linear(l, slf, input)
+    } else if func == l.relu_forward {
+        relu(l, slf, input)
+    } else if func == l.sequential_forward {
+        sequential(l, slf, input)
+    } else {
+        None
+    }
+}
+
+/// `F.linear(input, self.weight, self.bias)`.
+unsafe fn linear(
+    l: &Leaves,
+    slf: *mut ffi::PyObject,
+    input: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let n = &l.names;
+    if !is(l.linear_globals, n.f, l.functional) || !is(l.functional_dict, n.linear, l.f_linear) {
+        return None;
+    }
+    let weight = ffi::PyObject_GetAttr(slf, n.weight);
+    if weight.is_null() {
+        return Some(weight);
+    }
+    let bias = ffi::PyObject_GetAttr(slf, n.bias);
+    if bias.is_null() {
+        ffi::Py_DECREF(weight);
+        return Some(bias);
+    }
+    let args = [input, weight, bias];
+    let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
+    ffi::Py_DECREF(weight);
+    ffi::Py_DECREF(bias);
+    Some(r)
+}
+
+/// `F.relu(input, inplace=self.inplace)`, with `F.relu`'s body.
+unsafe fn relu(
+    l: &Leaves,
+    slf: *mut ffi::PyObject,
+    input: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let n = &l.names;
+    if !is(l.activation_globals, n.f, l.functional)
+        || !is(l.functional_dict, n.relu, l.f_relu)
+        || !is(l.f_relu_globals, n.has_tf_unary, l.has_torch_function_unary)
+        || !is(l.f_relu_globals, n.torch, l.torch)
+        || !is(l.torch_dict, n.relu, l.torch_relu)
+        || !is(l.torch_dict, n.relu_, l.torch_relu_)
+    {
+        return None;
+    }
+    let inplace = ffi::PyObject_GetAttr(slf, n.inplace);
+    if inplace.is_null() {
+        return Some(inplace);
+    }
+    let r = relu_body(l, input, inplace);
+    ffi::Py_DECREF(inplace);
+    Some(r)
+}
+
+unsafe fn relu_body(
+    l: &Leaves,
+    input: *mut ffi::PyObject,
+    inplace: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let has = ffi::PyObject_CallOneArg(l.has_torch_function_unary, input);
+    if has.is_null() {
+        return has;
+    }
+    let truth = ffi::PyObject_IsTrue(has);
+    ffi::Py_DECREF(has);
+    if truth < 0 {
+        return std::ptr::null_mut();
+    }
+    if truth == 1 {
+        // torch's own F.relu handles __torch_function__.
+        let args = [input, inplace];
+        let kw = ffi::PyTuple_Pack(1, l.names.inplace);
+        if kw.is_null() {
+            return kw;
+        }
+        let r = ffi::PyObject_Vectorcall(l.f_relu, args.as_ptr(), 1, kw);
+        ffi::Py_DECREF(kw);
+        return r;
+    }
+    match ffi::PyObject_IsTrue(inplace) {
+        1 => ffi::PyObject_CallOneArg(l.torch_relu_, input),
+        0 => ffi::PyObject_CallOneArg(l.torch_relu, input),
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// `for module in self: input = module(input)`, with `self.__iter__` being
+/// torch's `iter(self._modules.values())`.
+unsafe fn sequential(
+    l: &Leaves,
+    slf: *mut ffi::PyObject,
+    input: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let tp = ffi::Py_TYPE(slf);
+    if crate::ffi_ext::_PyType_Lookup(tp, l.names.iter) != l.sequential_iter {
+        return None;
+    }
+    let modules = match plain_attr(tp, instance_dict(slf), l.names.modules) {
+        Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
+        Plain::Error => return Some(std::ptr::null_mut()),
+        _ => return None,
+    };
+    // Nested containers recurse natively: count them as torch's frames would.
+    if ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) != 0 {
+        return Some(std::ptr::null_mut());
+    }
+    let r = sequential_loop(modules, input);
+    ffi::Py_LeaveRecursiveCall();
+    Some(r)
+}
+
+unsafe fn sequential_loop(
+    modules: *mut ffi::PyObject,
+    input: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let py = Python::assume_attached();
+    let dict = Bound::from_borrowed_ptr(py, modules);
+    let mut items = Items::over_dict(&dict);
+    let mut x = Bound::from_borrowed_ptr(py, input);
+    loop {
+        match items.next(py) {
+            Ok(Some((_, module))) => {
+                let r = ffi::PyObject_CallOneArg(module.as_ptr(), x.as_ptr());
+                if r.is_null() {
+                    return r;
+                }
+                x = Bound::from_owned_ptr(py, r);
+            }
+            Ok(None) => return x.into_ptr(),
+            Err(e) => {
+                e.restore(py);
+                return std::ptr::null_mut();
+            }
+        }
+    }
+}
