@@ -25,6 +25,9 @@ static SNAPSHOT: AtomicPtr<Set> = AtomicPtr::new(std::ptr::null_mut());
 /// published (a handful of small sets: accelerating is rare).
 struct Owned {
     classes: Vec<Py<PyType>>,
+    // Boxed: readers hold pointers to the sets themselves, which must not
+    // move when the vector grows.
+    #[allow(clippy::vec_box)]
     snapshots: Vec<Box<Set>>,
 }
 static OWNED: Mutex<Owned> = Mutex::new(Owned {

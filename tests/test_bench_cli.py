@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -14,7 +15,7 @@ import torch
 from fastmodule.bench import KINDS, case_names
 
 
-def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fastmodule", "bench", *args],
         capture_output=True,
@@ -25,9 +26,19 @@ def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 def test_quick_json_has_every_case(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = _bench("--quick", "--json", str(out))
+    args = ["--quick", "--series", "--json", str(out)]
+    plot = tmp_path / "bench.png"
+    have_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    if have_matplotlib:
+        args += ["--plot", str(plot)]
+    proc = _bench(*args)
     assert proc.returncode == 0, proc.stderr
+    if have_matplotlib:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(out.read_text(encoding="utf-8"))
+    series = data["series"]
+    assert {p["operation"] for p in series} == {"state_dict", "load_state_dict"}
+    assert all(p["fast_ms"] > 0 for p in series)
     assert data["meta"]["torch"] == torch.__version__
     assert data["meta"]["threads"] == 1
     results = {r["case"]: r for r in data["results"]}

@@ -23,7 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="for mlp64")
+    bench.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="for the MLP and real-model cases (default: cpu)",
+    )
+    bench.add_argument("--plot", metavar="PATH.png", help="also draw the speedups (matplotlib)")
+    bench.add_argument(
+        "--series",
+        action="store_true",
+        help="also time state_dict/load_state_dict over growing trees",
+    )
     run = sub.add_parser(
         "run",
         help="run a Python script with every torch.nn.Module class accelerated",
@@ -44,7 +55,10 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from fastmodule.bench import DEFAULT, QUICK, case_names, get_case, run_case
+    from fastmodule.bench.plot import write_plot
+    from fastmodule.bench.progress import Progress
     from fastmodule.bench.report import collect_meta, format_header, format_table, write_json
+    from fastmodule.bench.series import DEFAULT_SIZES, QUICK_SIZES, format_series, run_series
 
     known = case_names()
     names = list(dict.fromkeys(args.only)) if args.only else known
@@ -56,18 +70,37 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         return _error("--device cuda requested but torch.cuda.is_available() is False")
 
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _error("--plot needs matplotlib (pip install matplotlib)")
+
     torch.set_num_threads(args.threads)
     settings = QUICK if args.quick else DEFAULT
     meta = collect_meta(args.threads, args.device, settings, args.quick)
     print(format_header(meta), end="\n\n", flush=True)
     results = []
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
+    progress = Progress(len(names) + (1 if args.series else 0))
+    for name in names:
+        progress.step(name)
         results.append(run_case(get_case(name), torch.device(args.device), settings))
+    series = None
+    if args.series:
+        progress.step("size series")
+        sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+        series = run_series(sizes, stock_max=500 if args.quick else 2000)
+    progress.done()
     print(format_table(results))
+    if series is not None:
+        print()
+        print(format_series(series))
     if args.json:
-        write_json(args.json, meta, results)
+        write_json(args.json, meta, results, series)
         print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(args.plot, results, series, format_header(meta).splitlines()[1])
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -29,10 +29,25 @@ __all__ = [
     "Variant",
     "case_names",
     "get_case",
+    "scaled",
+    "set_scale",
 ]
 
 #: The three columns of every case, in the order they are timed.
 KINDS: tuple[str, ...] = ("stock", "fast", "lower")
+
+#: Size factor of the whole-tree cases (``--quick`` runs them on smaller trees).
+_SCALE = [1.0]
+
+
+def set_scale(scale: float) -> None:
+    """Scale the trees of the whole-tree cases (1.0: the sizes in their descriptions)."""
+    _SCALE[0] = scale
+
+
+def scaled(n: int) -> int:
+    """``n`` times the current scale, at least 1."""
+    return max(1, round(n * _SCALE[0]))
 
 
 @dataclass(frozen=True)
@@ -224,7 +239,8 @@ def _tree_builder(
 
     def build(device: torch.device) -> dict[str, Variant]:
         torch.manual_seed(0)
-        stock, fast = StockTree(blocks), FastTree(blocks)
+        n = scaled(blocks)
+        stock, fast = StockTree(n), FastTree(n)
         sd = stock.state_dict()
         fast.load_state_dict(sd)
         return _three(
@@ -271,7 +287,8 @@ def _moe_builder(
 
     def build(device: torch.device) -> dict[str, Variant]:
         torch.manual_seed(0)
-        stock, fast = StockMoE(), FastMoE()
+        layers = scaled(32)
+        stock, fast = StockMoE(layers), FastMoE(layers)
         sd = stock.state_dict()
         fast.load_state_dict(sd)
         return _three(
@@ -547,14 +564,20 @@ CASES: tuple[Case, ...] = (
 )
 
 
+def _all_cases() -> tuple[Case, ...]:
+    from fastmodule.bench.models import MODEL_CASES
+
+    return CASES + MODEL_CASES
+
+
 def case_names() -> list[str]:
-    """Names of all cases, in run order."""
-    return [c.name for c in CASES]
+    """Names of all cases, in run order (real-model cases when their packages exist)."""
+    return [c.name for c in _all_cases()]
 
 
 def get_case(name: str) -> Case:
     """Look a case up by name; raises ``KeyError`` if unknown."""
-    for case in CASES:
+    for case in _all_cases():
         if case.name == name:
             return case
     raise KeyError(name)

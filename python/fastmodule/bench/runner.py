@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastmodule.bench.cases import KINDS, Case, Variant
+from fastmodule.bench.cases import KINDS, Case, Variant, set_scale
 
 __all__ = ["DEFAULT", "QUICK", "CaseResult", "Settings", "Stats", "run_case"]
 
@@ -24,10 +24,12 @@ class Settings:
 
     repeats: int
     target_s: float
+    #: Size factor of the whole-tree cases.
+    scale: float = 1.0
 
 
 DEFAULT = Settings(repeats=21, target_s=0.08)
-QUICK = Settings(repeats=5, target_s=0.01)
+QUICK = Settings(repeats=5, target_s=0.01, scale=0.25)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ def calibrate(run: Callable[[int], int], target_ns: float) -> int:
 def run_case(case: Case, device: torch.device, settings: Settings) -> CaseResult:
     """Build ``case`` and time its three variants, interleaved, ``settings.repeats`` times."""
     device = device if case.uses_device else torch.device("cpu")
+    set_scale(settings.scale)
     variants = case.build(device)
     loops = {kind: make_loop(variants[kind]) for kind in KINDS}
     target_ns = settings.target_s * 1e9

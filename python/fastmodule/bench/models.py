@@ -1,0 +1,212 @@
+"""Real-model cases: HF transformers GPT-2 and BERT, timm resnet18.
+
+Each model is built from a config with random weights (nothing is
+downloaded). The three columns time the very same model object:
+
+- stock: torch's module machinery as installed;
+- fast: the model under ``fastmodule.accelerated(model)`` (its classes
+  accelerated for that column only: acceleration is per class);
+- lower: every module call goes straight to ``forward`` (``nn.Module.__call__``
+  replaced by a direct call for that column only): the same math without the
+  module-call machinery.
+
+Cases whose package is not installed are not offered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+import fastmodule
+from fastmodule.bench.cases import Case, Variant
+
+__all__ = ["MODEL_CASES"]
+
+
+def _direct_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return self.forward(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _direct_forward() -> Iterator[None]:
+    """Module calls go straight to ``forward`` (hooks and all machinery skipped)."""
+    original = nn.Module.__dict__["__call__"]
+    nn.Module.__call__ = _direct_call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__call__ = original  # type: ignore[method-assign]
+
+
+def _three_contexts(
+    model: nn.Module, stmt: str, namespace: dict[str, Any], sync: Callable[[], None] | None
+) -> dict[str, Variant]:
+    @contextlib.contextmanager
+    def stock() -> Iterator[None]:
+        with torch.inference_mode():
+            yield
+
+    @contextlib.contextmanager
+    def fast() -> Iterator[None]:
+        with torch.inference_mode(), fastmodule.accelerated(model):
+            yield
+
+    @contextlib.contextmanager
+    def lower() -> Iterator[None]:
+        with torch.inference_mode(), _direct_forward():
+            yield
+
+    return {
+        "stock": Variant(stmt, namespace, stock, sync),
+        "fast": Variant(stmt, namespace, fast, sync),
+        "lower": Variant(stmt, namespace, lower, sync),
+    }
+
+
+def _checked(model: nn.Module, run: Callable[[], Any], same: Callable[[Any, Any], bool]) -> None:
+    """The three ways of running ``model`` give the same result."""
+    with torch.inference_mode():
+        ref = run()
+        with fastmodule.accelerated(model):
+            fast = run()
+        with _direct_forward():
+            lower = run()
+    if not (same(ref, fast) and same(ref, lower)):
+        raise RuntimeError("stock, fast and lower bound disagree")
+
+
+def _sync(device: torch.device) -> Callable[[], None] | None:
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def _gpt2(device: torch.device) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    return GPT2LMHeadModel(config).eval().to(device)
+
+
+def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
+    model = _gpt2(device)
+    ids = torch.randint(0, 1000, (1, 8), device=device)
+
+    def run() -> torch.Tensor:
+        return model(ids, use_cache=False).logits
+
+    _checked(model, run, torch.equal)
+    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+
+
+def decode(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy token-by-token decoding with the KV cache: ``steps`` model calls."""
+    out = model(ids, use_cache=True)
+    past = out.past_key_values
+    token = out.logits[:, -1:].argmax(-1)
+    tokens = [token]
+    for _ in range(steps - 1):
+        out = model(token, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        token = out.logits[:, -1:].argmax(-1)
+        tokens.append(token)
+    return torch.cat(tokens, dim=1)
+
+
+def _build_gpt2_decode(device: torch.device) -> dict[str, Variant]:
+    model = _gpt2(device)
+    ids = torch.randint(0, 1000, (1, 8), device=device)
+
+    def run() -> torch.Tensor:
+        return decode(model, ids, 16)
+
+    _checked(model, run, torch.equal)
+    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+
+
+def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=1000,
+    )
+    model = BertModel(config).eval().to(device)
+    ids = torch.randint(0, 1000, (1, 16), device=device)
+
+    def run() -> torch.Tensor:
+        return model(ids).last_hidden_state
+
+    _checked(model, run, torch.equal)
+    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+
+
+def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", pretrained=False, num_classes=10).eval().to(device)
+    x = torch.randn(1, 3, 64, 64, device=device)
+
+    def run() -> torch.Tensor:
+        return model(x)
+
+    _checked(model, run, torch.equal)
+    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+
+
+def _have(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+MODEL_CASES: tuple[Case, ...] = tuple(
+    case
+    for case, package in (
+        (
+            Case(
+                "gpt2_forward",
+                "HF GPT-2 (12 layers, n_embd 64) forward, seq 8, batch 1; fastmodule.accelerate",
+                _build_gpt2_forward,
+                uses_device=True,
+            ),
+            "transformers",
+        ),
+        (
+            Case(
+                "gpt2_decode",
+                "HF GPT-2 greedy decode of 16 tokens with the KV cache, batch 1",
+                _build_gpt2_decode,
+                uses_device=True,
+            ),
+            "transformers",
+        ),
+        (
+            Case(
+                "bert_forward",
+                "HF BERT (4 layers, hidden 64) forward, seq 16, batch 1",
+                _build_bert_forward,
+                uses_device=True,
+            ),
+            "transformers",
+        ),
+        (
+            Case(
+                "resnet18_forward",
+                "timm resnet18, 1x3x64x64, batch 1",
+                _build_resnet18_forward,
+                uses_device=True,
+            ),
+            "timm",
+        ),
+    )
+    if _have(package)
+)
