@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 
@@ -30,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="for the MLP and real-model cases (default: cpu)",
     )
     bench.add_argument("--plot", metavar="PATH.png", help="also draw the speedups (matplotlib)")
+    bench.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time torch.compile where a case offers it (compile time shown apart)",
+    )
     bench.add_argument(
         "--series",
         action="store_true",
@@ -77,7 +83,7 @@ def run_bench(args: argparse.Namespace) -> int:
             return _error("--plot needs matplotlib (pip install matplotlib)")
 
     torch.set_num_threads(args.threads)
-    settings = QUICK if args.quick else DEFAULT
+    settings = dataclasses.replace(QUICK if args.quick else DEFAULT, compile=args.compile)
     meta = collect_meta(args.threads, args.device, settings, args.quick)
     print(format_header(meta), end="\n\n", flush=True)
     results = []

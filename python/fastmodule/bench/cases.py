@@ -12,6 +12,7 @@ function objects, so the only difference between the two columns is the base cla
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -425,11 +426,15 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
         with torch.inference_mode(), fastmodule.accelerated(fast):
             yield
 
-    return _three(
+    variants = _three(
         Variant("m(x)", {"m": stock, "x": x}, torch.inference_mode, sync),
         Variant("m(x)", {"m": fast, "x": x}, fast_context, sync),
         Variant("f(x, p)", {"f": mlp_lower, "x": x, "p": params}, torch.inference_mode, sync),
     )
+    # torch.compile of a stock copy (only timed with --compile).
+    compiled = torch.compile(copy.deepcopy(stock))
+    variants["compiled"] = Variant("m(x)", {"m": compiled, "x": x}, torch.inference_mode, sync)
+    return variants
 
 
 CASES: tuple[Case, ...] = (

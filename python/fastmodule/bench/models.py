@@ -16,6 +16,7 @@ Cases whose package is not installed are not offered.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -101,7 +102,17 @@ def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
         return model(ids, use_cache=False).logits
 
     _checked(model, run, torch.equal)
-    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+    variants = _three_contexts(model, "run()", {"run": run}, _sync(device))
+    # torch.compile of a stock copy (only timed with --compile).
+    compiled = torch.compile(copy.deepcopy(model))
+
+    def run_compiled() -> torch.Tensor:
+        return compiled(ids, use_cache=False).logits
+
+    variants["compiled"] = Variant(
+        "run()", {"run": run_compiled}, torch.inference_mode, _sync(device)
+    )
+    return variants
 
 
 def decode(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:

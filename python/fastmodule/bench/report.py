@@ -95,15 +95,24 @@ def format_table(results: list[CaseResult], stream: TextIO = sys.stdout) -> str:
     """The side-by-side table: per-op median (min–max) per column, speedup, overhead removed."""
     micro, dash = _symbols(stream)
     head = ["case", "stock", "fastmodule", "lower bound", "speedup", "overhead removed"]
+    with_compile = any(r.compiled is not None for r in results)
+    if with_compile:
+        head += ["torch.compile", "compile time"]
     rows = []
     for r in results:
         speedup = f"{r.speedup:.2f}x" if r.speedup is not None else "n/a"
         removed = r.overhead_removed
-        rows.append(
+        row = (
             [r.case]
             + [_cell(r.stats[k], micro, dash) for k in KINDS]
             + [speedup, f"{removed * 100:.0f}%" if removed is not None else "n/a"]
         )
+        if with_compile:
+            if r.compiled is not None and r.compile_s is not None:
+                row += [_cell(r.compiled, micro, dash), f"{r.compile_s:.1f} s"]
+            else:
+                row += ["", ""]
+        rows.append(row)
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:
@@ -129,6 +138,10 @@ def result_to_dict(result: CaseResult) -> dict[str, Any]:
     entry["speedup"] = result.speedup
     entry["overhead_removed"] = result.overhead_removed
     entry["iterations"] = result.iterations
+    if result.compiled is not None:
+        c = result.compiled
+        entry["compiled"] = {"median": c.median, "min": c.min, "max": c.max}
+        entry["compile_s"] = result.compile_s
     return entry
 
 

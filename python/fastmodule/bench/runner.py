@@ -26,6 +26,8 @@ class Settings:
     target_s: float
     #: Size factor of the whole-tree cases.
     scale: float = 1.0
+    #: Also time ``torch.compile`` where a case offers it (compile time apart).
+    compile: bool = False
 
 
 DEFAULT = Settings(repeats=21, target_s=0.08)
@@ -54,6 +56,9 @@ class CaseResult:
     device: str
     stats: dict[str, Stats]
     iterations: dict[str, int]
+    #: ``torch.compile`` steady state, and the seconds its first call took.
+    compiled: Stats | None = None
+    compile_s: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -115,9 +120,23 @@ def run_case(case: Case, device: torch.device, settings: Settings) -> CaseResult
     for _ in range(settings.repeats):
         for kind in KINDS:
             samples[kind].append(loops[kind](numbers[kind]) / numbers[kind])
+    compiled = compile_s = None
+    if settings.compile and "compiled" in variants:
+        compiled, compile_s = _time_compiled(variants["compiled"], target_ns, settings.repeats)
     return CaseResult(
         case=case.name,
         device=str(device),
         stats={kind: Stats.of(samples[kind]) for kind in KINDS},
         iterations=numbers,
+        compiled=compiled,
+        compile_s=compile_s,
     )
+
+
+def _time_compiled(variant: Variant, target_ns: float, repeats: int) -> tuple[Stats, float]:
+    """The first call (compilation) apart, then the steady state."""
+    loop = make_loop(variant)
+    compile_s = loop(1) / 1e9
+    number = calibrate(loop, target_ns)
+    loop(number)
+    return Stats.of([loop(number) / number for _ in range(repeats)]), compile_s
