@@ -33,16 +33,39 @@ def render(path: str) -> str:
         f"- fastmodule {meta['fastmodule']}; {meta['repeats']} interleaved repeats of "
         f"~{meta['target_s'] * 1000:.0f} ms loops per column",
         "",
-        "| case | stock | fastmodule | lower bound | speedup | overhead removed |",
-        "|---|---|---|---|---|---|",
+        "| case | stock | fastmodule | lower bound | speedup | overhead removed "
+        "| torch.compile (compile time) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         removed = r.get("overhead_removed")
         removed_s = "n/a" if removed is None else f"{removed * 100:.0f}%"
+        compiled = ""
+        if "compiled" in r:
+            compiled = f"{_cell(r['compiled'])} ({r['compile_s']:.1f} s)"
         lines.append(
             f"| {r['case']} | {_cell(r['stock'])} | {_cell(r['fast'])} | {_cell(r['lower'])} "
-            f"| {r['speedup']:.2f}x | {removed_s} |"
+            f"| {r['speedup']:.2f}x | {removed_s} | {compiled} |"
         )
+    if data.get("series"):
+        lines += [
+            "",
+            "Size series (best of runs; N blocks = 3N+1 modules, 5N tensors):",
+            "",
+            "| operation | blocks | stock ms | fastmodule ms | speedup | fast growth |",
+            "|---|---|---|---|---|---|",
+        ]
+        previous: dict[str, float] = {}
+        for p in data["series"]:
+            stock = p["stock_ms"]
+            prev = previous.get(p["operation"])
+            growth = f"{p['fast_ms'] / prev:.2f}x" if prev else ""
+            fast = p["fast_ms"]
+            stock_s = "skipped" if stock is None else f"{stock:.1f}"
+            speed = "" if stock is None else f"{stock / fast:.1f}x"
+            cells = [p["operation"], str(p["blocks"]), stock_s, f"{fast:.1f}", speed, growth]
+            lines.append("| " + " | ".join(cells) + " |")
+            previous[p["operation"]] = p["fast_ms"]
     return "\n".join(lines) + "\n"
 
 
