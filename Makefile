@@ -20,7 +20,7 @@ $(VENV)/.ready: pyproject.toml
 	$(VPY) -m pip install -q --ignore-installed "maturin>=1.5,<2"
 	$(VPY) -m pip install -q "torch>=2.11,<3" \
 		"pytest>=8" "pytest-benchmark>=4" "hypothesis>=6" numpy "ruff>=0.5" \
-		transformers timm matplotlib
+		expecttest transformers timm matplotlib
 	touch $@
 
 setup: $(VENV)/.ready

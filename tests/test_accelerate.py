@@ -18,6 +18,7 @@ import copy
 import functools
 import io
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,8 +30,11 @@ from typing import Any, TypeVar
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
 from fastmodule import _core
@@ -1172,3 +1176,377 @@ def test_functional_call(accel: Accel[Any]) -> None:
         return y, y2, bad, tied, untied, model.state_dict(), model(tokens())
 
     compare(Mixed, scenario, accel)
+
+
+def test_jit_trace_and_script(accel: Accel[Any]) -> None:
+    mangle = re.compile(r"___torch_mangle_\d+\.")
+
+    def scenario(model: nn.Module) -> Any:
+        model.eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(model, x_in())
+            scripted = torch.jit.script(model)
+        # no_grad: the JIT executor's autograd plan depends on how often the process
+        # has run this graph before, not on the module
+        with torch.no_grad():
+            return (
+                mangle.sub("", str(traced.graph)),
+                [(n.kind(), n.scopeName()) for n in traced.inlined_graph.nodes()],
+                traced(x_in()),
+                mangle.sub("", str(scripted.inlined_graph)),
+                scripted(x_in()),
+                list(scripted.state_dict()),
+            )
+
+    compare(small, scenario, accel)
+
+
+def test_torch_export(accel: Accel[Any]) -> None:
+    def scenario(model: nn.Module) -> Any:
+        model.eval()
+        ep = torch.export.export(model, (x_in(),))
+        stacks = [
+            (str(n.target), [p for p, _ in (n.meta.get("nn_module_stack") or {}).values()])
+            for n in ep.graph.nodes
+            if n.op == "call_function"
+        ]
+        return str(ep.graph), stacks, list(ep.state_dict), ep.module()(x_in()), model(x_in())
+
+    compare(small, scenario, accel)
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+class PropertyRaises(nn.Module):
+    """Attribute lookups where torch's ``__getattr__`` fallback shows through."""
+
+    shadowed = None  # a class attribute wins over ``_parameters['shadowed']``
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self._parameters["shadowed"] = nn.Parameter(torch.zeros(1))
+
+    @property
+    def broken(self) -> Any:
+        return self.missing_thing  # AttributeError inside a property
+
+    @property
+    def child(self) -> nn.Module:
+        return self.lin
+
+
+class OwnGetattr(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "magic":
+            return 42
+        return super().__getattr__(name)
+
+
+@pytest.mark.parametrize("cls", [PropertyRaises, OwnGetattr])
+def test_attribute_lookup_edge_cases(cls: type[nn.Module], accel: Accel[Any]) -> None:
+    def scenario(m: nn.Module) -> Any:
+        out: list[Any] = [
+            outcome(lambda: m.broken),
+            outcome(lambda: type(m.child).__name__),
+            outcome(lambda: m.shadowed),
+            outcome(lambda: m.magic),
+            outcome(lambda: m.nope),
+            hasattr(m, "nope"),
+            getattr(m, "nope", "default"),
+            sorted(dir(m)),
+        ]
+        m.__dict__["lin"] = "instance dict wins"
+        out.append(outcome(lambda: m.lin))
+        del m.__dict__["lin"]
+        out.append(outcome(lambda: type(m.lin).__name__))
+        shallow = copy.copy(m)
+        out.append((shallow._parameters is m._parameters, list(shallow.state_dict())))
+        m.training = False
+        out.append([s.training for s in m.modules()])
+        return out
+
+    compare(cls, scenario, accel)
+
+
+def make_class() -> type[nn.Module]:
+    """A fresh module class, so patching it never affects another test."""
+
+    class Patched(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = 2
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.k
+
+    return Patched
+
+
+def test_class_patched_after_accelerate(accel: Accel[Any]) -> None:
+    """Methods and dunders set on (and deleted from) the class after acceleration."""
+
+    def scenario(m: nn.Module) -> Any:
+        cls = type(m)
+        x = x_in(1, 2)
+        out: list[Any] = [m(x)]
+        cls.forward = lambda self, x: x + 100
+        out.append(m(x))
+        m.forward = lambda x: x - 1  # instance attribute beats the class
+        out.append(m(x))
+        del m.forward
+        cls.__call__ = lambda self, x: "custom call"
+        out.append(outcome(lambda: m(x)))
+        del cls.__call__
+        out.append(outcome(lambda: m(x)))
+        cls.__getattr__ = lambda self, n: f"getattr:{n}"
+        out += [outcome(lambda: m.zzz), outcome(lambda: m.lin.weight.shape)]
+        del cls.__getattr__
+        out.append(outcome(lambda: m.zzz))
+        cls.k = property(lambda self: 7)  # a data descriptor beats the instance dict
+        out += [outcome(lambda: m.k), outcome(lambda: setattr(m, "k", 1))]
+        cls.k = 5
+        out.append(outcome(lambda: m.k))
+        cls.__setattr__ = lambda self, n, v: object.__setattr__(self, n, ("set", v))
+        m.q = 1
+        out.append(m.__dict__.get("q"))
+        del cls.__setattr__
+        m.q = nn.ReLU()
+        out += [m.__dict__.get("q"), list(m._modules)]
+        cls.__delattr__ = lambda self, n: None
+        del m.q
+        out.append(list(m._modules))
+        del cls.__delattr__
+        del m.q
+        out.append(list(m._modules))
+        return out
+
+    compare(lambda: make_class()(), scenario, accel)
+
+
+def test_restore_after_class_dunder_patch(accel: Accel[Any]) -> None:
+    model = make_class()()
+    cls = type(model)
+    x = x_in(1, 2)
+    expected = model(x)
+    accel(model)
+    cls.__call__ = lambda self, x: "custom"
+    assert model(x) == "custom"
+    fastmodule.restore(model)
+    assert model(x) == "custom"
+    del cls.__call__
+    same(model(x), expected)
+    accel(model)
+    same(model(x), expected)
+    fastmodule.restore(model)
+    same(model(x), expected)
+
+
+def test_torch_nn_module_patches_run(accel: Accel[Any]) -> None:
+    """Patching ``torch.nn.Module``'s methods after acceleration reaches fast instances."""
+
+    def scenario(m: nn.Module) -> Any:
+        log: list[Any] = []
+        out: list[Any] = []
+        saved = {k: nn.Module.__dict__[k] for k in ("__call__", "state_dict", "__getattr__")}
+        saved_setattr = nn.Module.__dict__["__setattr__"]
+
+        def wrap(name: str) -> Callable[..., Any]:
+            def patched(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+                log.append((name, type(self).__name__, args[:1] if name == "__getattr__" else ()))
+                return saved[name](self, *args, **kwargs)
+
+            return patched
+
+        try:
+            for name in saved:
+                setattr(nn.Module, name, wrap(name))
+            nn.Module.__setattr__ = lambda self, n, v: (  # type: ignore[method-assign]
+                log.append(("__setattr__", n)),
+                saved_setattr(self, n, v),
+            )[1]
+            out.append(m(x_in(2, 4)))
+            out.append(list(m.state_dict()))
+            out.append(list(via_c("state_dict", m)))
+            out.append(outcome(lambda: m[0].weight.shape))
+            out.append(outcome(lambda: m.nope))
+            m[0].foo = 1
+            m.extra = nn.Tanh()
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.Module, name, fn)
+            nn.Module.__setattr__ = saved_setattr  # type: ignore[method-assign]
+        out += [log, m(x_in(2, 4)), list(m.state_dict())]
+        return out
+
+    compare(small, scenario, accel)
+    assert all(v is nn.Module.__dict__[k] for k, v in vars(nn.Module).items())
+
+
+def test_prune_weight_norm_spectral_norm(accel: Accel[Any]) -> None:
+    import torch.nn.utils.prune as prune
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.Linear(5, 3))
+
+    def scenario(m: nn.Module) -> Any:
+        prune.l1_unstructured(m[0], "weight", amount=0.5)
+        nn.utils.parametrizations.weight_norm(m[2])
+        nn.utils.spectral_norm(m[3])
+        torch.manual_seed(5)
+        y = m(x_in())
+        y.sum().backward()
+        out = [
+            y,
+            m.state_dict(),
+            [k for k, _ in m.named_parameters()],
+            [k for k, _ in m.named_buffers()],
+        ]
+        prune.remove(m[0], "weight")
+        out += [m.state_dict(), m.eval()(x_in())]
+        return out
+
+    compare(build, scenario, accel)
+
+
+def test_checkpointed_forward(accel: Accel[Any]) -> None:
+    import torch.utils.checkpoint as checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = small()
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint.checkpoint(lambda t: self.drop(self.inner(t)), x, use_reentrant=False)
+
+    def scenario(m: nn.Module) -> Any:
+        x = x_in().requires_grad_()
+        y = m(x)
+        y.sum().backward()
+        return y, x.grad, {k: p.grad for k, p in m.named_parameters()}
+
+    compare(Checkpointed, scenario, accel)
+
+
+class LogFunctions(TorchFunctionMode):
+    """Records every torch function called under it."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.log.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class LogOps(TorchDispatchMode):
+    """Records every aten op dispatched under it."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.log.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Logged(torch.Tensor):
+    """A tensor subclass that records the torch functions it meets."""
+
+    log: list[Any] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.log.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_layer_forwards_under_modes_patches_and_bad_calls(accel: Accel[Any]) -> None:
+    """Sequential/Linear/ReLU forwards: modes, tensor subclasses, patched functionals,
+    argument errors, autocast, inference mode, replaced or missing parameters."""
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2), nn.ReLU(inplace=True))
+
+    def scenario(m: nn.Module) -> Any:
+        x = x_in(2, 3)
+        out: list[Any] = []
+        log: list[Any] = []
+        with LogFunctions(log):
+            out.append(m(x))
+        with LogOps(log):
+            out.append(m(x))
+        Logged.log.clear()
+        y = m(x.as_subclass(Logged))
+        out += [log, type(y).__name__, list(Logged.log)]
+        for patched, fn in [("linear", lambda i, w, b=None: i @ w.T + 1000), ("relu", None)]:
+            original = getattr(F, patched)
+            if fn is None:
+                fn = lambda i, inplace=False, original=original: original(i, inplace) - 5  # noqa: E731
+            setattr(F, patched, fn)
+            try:
+                out.append(m(x))
+            finally:
+                setattr(F, patched, original)
+        lin, relu = m[0], m[1]
+        out += [
+            outcome(lambda: lin(x, x)),
+            outcome(lambda: lin(input=x)),
+            outcome(lambda: lin(inp=x)),
+            outcome(lambda: lin()),
+            outcome(lambda: m(x, x)),
+            outcome(lambda: m(input=x)),
+            outcome(lambda: relu(x, x)),
+            outcome(lambda: lin(torch.ones(2, 5))),
+            outcome(lambda: lin(3)),
+            outcome(lambda: relu("a")),
+            outcome(lambda: relu(torch.tensor([-1, 2]))),
+            outcome(lambda: lin(x.double())),
+            outcome(lambda: nn.Linear(3, 2, device="meta")(x)),
+        ]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out.append(m(x))
+        with torch.inference_mode():
+            y = m(x)
+            out.append((y.is_inference(), y.requires_grad))
+        with torch.no_grad():
+            out.append(m(x))
+        inplace_in = torch.randn(2, 4)
+        out.append((m[3](inplace_in) is inplace_in, inplace_in))
+        lin.forward = lambda x: "instance forward"
+        out.append(outcome(lambda: lin(x)))
+        del lin.forward
+        weight = lin.weight
+        del lin.weight
+        lin.weight = torch.ones(4, 3)  # a plain tensor attribute, as functional tools do
+        out.append(outcome(lambda: lin(x)))
+        del lin.weight
+        lin.weight = weight
+        lin.bias = None
+        out.append(outcome(lambda: lin(x)))
+        m.add_module("nothing", None)
+        out.append(outcome(lambda: m(x)))
+        del m.nothing
+        out.append(outcome(lambda: nn.Sequential()(x)))
+
+        class SubLinear(nn.Linear):
+            pass
+
+        out.append(outcome(lambda: SubLinear(3, 2)(x)))
+        y = m(x)
+        y.sum().backward()
+        out += [y, [p.grad for p in m.parameters()]]
+        return out
+
+    compare(build, scenario, accel)
