@@ -37,12 +37,6 @@ use std::sync::OnceLock;
 /// torch's callables and fastmodule's replay helper, captured at import.
 struct Config {
     compatible: Py<PyAny>,
-    is_grad_enabled: Py<PyAny>,
-    set_grad_enabled: Py<PyAny>,
-    swap_flag: crate::future::Flag,
-    overwrite_flag: crate::future::Flag,
-    function_mode: Py<PyAny>,
-    dispatch_depth: Py<PyAny>,
     resume: Py<PyAny>,
     /// The Tensor methods and properties torch's closures (and this walk)
     /// use, as torch defines them: (interned name, object).
@@ -115,12 +109,6 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let c = Config {
         tensor_methods,
         compatible: get("compatible")?,
-        is_grad_enabled: get("is_grad_enabled")?,
-        set_grad_enabled: get("set_grad_enabled")?,
-        swap_flag: crate::future::Flag::from_getter(get("swap_flag")?.bind(config.py()))?,
-        overwrite_flag: crate::future::Flag::from_getter(get("overwrite_flag")?.bind(config.py()))?,
-        function_mode: get("function_mode")?,
-        dispatch_depth: get("dispatch_depth")?,
         resume: get("resume")?,
         known,
     };
@@ -151,6 +139,7 @@ enum Spec<'py> {
 
 struct Ctx<'py> {
     cfg: &'static Config,
+    rt: &'static crate::runtime::Runtime,
     g: &'static Globals,
     fn_: Bound<'py, PyAny>,
     spec: Spec<'py>,
@@ -172,10 +161,7 @@ impl<'py> Ctx<'py> {
         if let Some(f) = self.flags {
             return Ok(f);
         }
-        Ok((
-            self.cfg.swap_flag.get(py)?,
-            self.cfg.overwrite_flag.get(py)?,
-        ))
+        Ok((self.rt.swap.get(py)?, self.rt.overwrite.get(py)?))
     }
 
     /// Does `fn(t)` return `t` itself? Only asked for exact tensors.
@@ -213,11 +199,7 @@ impl<'py> Ctx<'py> {
 
     /// `with torch.no_grad(): fn(t)`.
     fn call_no_grad(&self, py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let prev = self.cfg.is_grad_enabled.bind(py).call0()?;
-        self.cfg.set_grad_enabled.bind(py).call1((false,))?;
-        let r = self.fn_.call1((t,));
-        self.cfg.set_grad_enabled.bind(py).call1((prev,))?;
-        r
+        self.rt.no_grad(py, || self.fn_.call1((t,)))
     }
 
     fn compatible(
@@ -314,10 +296,9 @@ pub fn root<'py>(
             "fastmodule: conversion not initialised",
         ));
     };
-    let delegate_all = truthy(cfg.function_mode.bind(py).call0())?
-        || cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
-        || !cfg.swap_flag.is_original(py)?
-        || !cfg.overwrite_flag.is_original(py)?;
+    let rt = crate::runtime::get()?;
+    let delegate_all =
+        rt.modes_active(py)? || !rt.swap.is_original(py)? || !rt.overwrite.is_original(py)?;
     let spec = if delegate_all {
         Spec::Unknown
     } else {
@@ -325,6 +306,7 @@ pub fn root<'py>(
     };
     let mut ctx = Ctx {
         cfg,
+        rt,
         g,
         fn_: f.clone(),
         spec,

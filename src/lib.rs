@@ -22,7 +22,6 @@ mod call;
 mod callcache;
 mod errors;
 mod ffi_ext;
-mod future;
 mod hooks;
 mod items;
 mod leaves;
@@ -31,6 +30,7 @@ mod methods;
 mod paths;
 mod register;
 mod routes;
+mod runtime;
 mod slots;
 mod state;
 mod state_dict;
@@ -167,6 +167,12 @@ pub(crate) fn dict_version_of(
     Ok(Some((tag, od_state)))
 }
 
+/// Capture torch's runtime state accessors (see `fastmodule.runtime`).
+#[pyfunction]
+fn init_runtime(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    runtime::init(config)
+}
+
 /// Capture what the native load walk needs (see `fastmodule.loading`).
 #[pyfunction]
 fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
@@ -247,6 +253,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(init_load, m)?)?;
+    m.add_function(wrap_pyfunction!(init_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;

@@ -37,11 +37,6 @@ struct Config {
     incompatible_keys: Py<PyAny>,
     /// `copy_error(key, param, input, exc) -> str`: torch's message.
     copy_error: Py<PyAny>,
-    swap_flag: crate::future::Flag,
-    function_mode: Py<PyAny>,
-    dispatch_depth: Py<PyAny>,
-    is_grad_enabled: Py<PyAny>,
-    set_grad_enabled: Py<PyAny>,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -58,11 +53,6 @@ pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
         set_extra_state: get("set_extra_state")?,
         incompatible_keys: get("incompatible_keys")?,
         copy_error: get("copy_error")?,
-        swap_flag: crate::future::Flag::from_getter(get("swap_flag")?.bind(config.py()))?,
-        function_mode: get("function_mode")?,
-        dispatch_depth: get("dispatch_depth")?,
-        is_grad_enabled: get("is_grad_enabled")?,
-        set_grad_enabled: get("set_grad_enabled")?,
     };
     let _ = CONFIG.set(c);
     Ok(())
@@ -384,11 +374,8 @@ fn native_allowed<'py>(
         _ => return Ok(false),
     }
     // A replaced flag getter is torch's code's to call (as often as it does).
-    if !ctx.cfg.swap_flag.is_original(py)?
-        || ctx.cfg.swap_flag.get(py)?
-        || truthy(ctx.cfg.function_mode.bind(py).call0())?
-        || ctx.cfg.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0
-    {
+    let rt = crate::runtime::get()?;
+    if !rt.swap.is_original(py)? || rt.swap.get(py)? || rt.modes_active(py)? {
         return Ok(false);
     }
     Ok(true)
@@ -502,32 +489,24 @@ fn native_load_from_state_dict<'py>(
     }
     // From here on this is torch's code path: copy under no_grad.
     if !copies.is_empty() {
-        let prev = ctx.cfg.is_grad_enabled.bind(py).call0()?;
-        ctx.cfg.set_grad_enabled.bind(py).call1((false,))?;
         let copy = intern!(py, "copy_");
-        let mut result = Ok(());
-        for (key, param, input) in &copies {
-            if let Err(e) = param.call_method1(copy, (input,)) {
-                if !e.is_instance_of::<PyException>(py) {
-                    result = Err(e);
-                    break;
-                }
-                let msg = ctx
-                    .cfg
-                    .copy_error
-                    .bind(py)
-                    .call1((key, param, input, e.value(py)));
-                match msg {
-                    Ok(m) => ctx.errors.call_method1(intern!(py, "append"), (m,))?,
-                    Err(e) => {
-                        result = Err(e);
-                        break;
+        crate::runtime::get()?.no_grad(py, || {
+            for (key, param, input) in &copies {
+                if let Err(e) = param.call_method1(copy, (input,)) {
+                    if !e.is_instance_of::<PyException>(py) {
+                        return Err(e);
                     }
-                };
+                    // torch reports it in error_msgs and goes on.
+                    let msg =
+                        ctx.cfg
+                            .copy_error
+                            .bind(py)
+                            .call1((key, param, input, e.value(py)))?;
+                    ctx.errors.call_method1(intern!(py, "append"), (msg,))?;
+                }
             }
-        }
-        ctx.cfg.set_grad_enabled.bind(py).call1((prev,))?;
-        result?;
+            Ok(())
+        })?;
     }
     let append = intern!(py, "append");
     for key in missing {

@@ -50,3 +50,6 @@ def load_tree(
 
 def init_layers(config: dict[str, object]) -> None:
     """Capture torch's layer functions the call path may run natively."""
+
+def init_runtime(config: dict[str, object]) -> None:
+    """Capture torch's grad-mode, mode and ``torch.__future__`` accessors."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core
+from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._dispatch import torch_code, torch_method
 
 __all__ = ["apply_fn"]
@@ -108,12 +108,6 @@ def _tensor_methods() -> list[tuple[str, Any]]:
 _core.init_apply(
     {
         "compatible": torch._has_compatible_shallow_copy_type,
-        "is_grad_enabled": torch.is_grad_enabled,
-        "set_grad_enabled": torch._C._set_grad_enabled,
-        "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
-        "overwrite_flag": torch.__future__.get_overwrite_module_params_on_conversion,
-        "function_mode": torch._C._is_torch_function_mode_enabled,
-        "dispatch_depth": torch._C._len_torch_dispatch_stack,
         "resume": resume,
         "known": _known(),
         "tensor_methods": _tensor_methods(),

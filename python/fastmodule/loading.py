@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fastmodule import _core
+from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._dispatch import torch_constant, torch_method
 
 __all__ = ["load_state_dict"]
@@ -62,11 +62,6 @@ _core.init_load(
         "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
         "incompatible_keys": _IncompatibleKeys,
         "copy_error": copy_error,
-        "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
-        "function_mode": torch._C._is_torch_function_mode_enabled,
-        "dispatch_depth": torch._C._len_torch_dispatch_stack,
-        "is_grad_enabled": torch.is_grad_enabled,
-        "set_grad_enabled": torch._C._set_grad_enabled,
     }
 )
 

@@ -1,10 +1,67 @@
-//! `torch.__future__`'s conversion flags, read as torch's code reads them
-//! (`torch.__future__.get_<flag>()`), but without a Python frame while the
-//! getter installed there is torch's own `return <global>`.
+//! torch's runtime state that the native `_apply` and `load_state_dict`
+//! consult: grad mode, active torch-function/dispatch modes, and
+//! `torch.__future__`'s conversion flags (read as torch's code reads them,
+//! `torch.__future__.get_<flag>()`, but without a Python frame while the
+//! getter installed there is torch's own `return <global>`).
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
+use std::sync::OnceLock;
+
+pub struct Runtime {
+    is_grad_enabled: Py<PyAny>,
+    set_grad_enabled: Py<PyAny>,
+    function_mode: Py<PyAny>,
+    dispatch_depth: Py<PyAny>,
+    pub swap: Flag,
+    pub overwrite: Flag,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// `config`: see `fastmodule.runtime`.
+pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
+    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        config
+            .get_item(k)?
+            .ok_or_else(|| PyRuntimeError::new_err(format!("fastmodule: runtime lacks {k}")))
+    };
+    let r = Runtime {
+        is_grad_enabled: get("is_grad_enabled")?.unbind(),
+        set_grad_enabled: get("set_grad_enabled")?.unbind(),
+        function_mode: get("function_mode")?.unbind(),
+        dispatch_depth: get("dispatch_depth")?.unbind(),
+        swap: Flag::from_getter(&get("swap_flag")?)?,
+        overwrite: Flag::from_getter(&get("overwrite_flag")?)?,
+    };
+    let _ = RUNTIME.set(r);
+    Ok(())
+}
+
+pub fn get() -> PyResult<&'static Runtime> {
+    RUNTIME
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: runtime not initialised"))
+}
+
+impl Runtime {
+    /// Is a torch-function mode or a dispatch mode active? (They observe
+    /// every tensor operation, so only torch's exact code may run.)
+    pub fn modes_active(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.function_mode.bind(py).call0()?.is_truthy()?
+            || self.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0)
+    }
+
+    /// `with torch.no_grad(): f()`.
+    pub fn no_grad<R>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+        let prev = self.is_grad_enabled.bind(py).call0()?;
+        self.set_grad_enabled.bind(py).call1((false,))?;
+        let r = f();
+        self.set_grad_enabled.bind(py).call1((prev,))?;
+        r
+    }
+}
 
 pub struct Flag {
     getter: Py<PyAny>,
