@@ -4,15 +4,18 @@
 //! name, its dict, `type(m) is nn.Linear`) stays what it was.
 //!
 //! The set is read on hot paths and written rarely: readers load an
-//! immutable snapshot through an atomic pointer; a writer (holding the GIL,
-//! which serialises writers) publishes a new snapshot and keeps the old ones
-//! alive, so a reader never sees freed memory.
+//! immutable snapshot through an atomic pointer; a writer publishes a new
+//! snapshot and frees the old one. Readers and writers all hold the GIL and a
+//! lookup never releases it, so no reader can be inside a snapshot being
+//! freed. The set holds a strong reference to each class while it is in the
+//! set (so an address in it always names that class), and lets it go when
+//! the class is restored.
 use pyo3::prelude::*;
 use pyo3::types::PyType;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use crate::items::AddressHasher;
 use pyo3::ffi;
@@ -21,67 +24,61 @@ type Set = HashSet<usize, BuildHasherDefault<AddressHasher>>;
 
 static SNAPSHOT: AtomicPtr<Set> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Strong references to the classes in the set, and every snapshot ever
-/// published (a handful of small sets: accelerating is rare).
+/// The classes in the set (strong references), and the published snapshot.
 struct Owned {
-    classes: Vec<Py<PyType>>,
-    // Boxed: readers hold pointers to the sets themselves, which must not
-    // move when the vector grows.
-    #[allow(clippy::vec_box)]
-    snapshots: Vec<Box<Set>>,
+    classes: HashMap<usize, Py<PyType>>,
+    current: Option<Box<Set>>,
 }
-static OWNED: Mutex<Owned> = Mutex::new(Owned {
-    classes: Vec::new(),
-    snapshots: Vec::new(),
+static OWNED: LazyLock<Mutex<Owned>> = LazyLock::new(|| {
+    Mutex::new(Owned {
+        classes: HashMap::new(),
+        current: None,
+    })
 });
 
 /// Is `tp` accelerated?
 #[inline(always)]
 pub fn contains(tp: *mut ffi::PyTypeObject) -> bool {
     let p = SNAPSHOT.load(Ordering::Acquire);
-    // SAFETY: published snapshots are never freed (see `Owned`).
+    // SAFETY: the snapshot is freed only by a writer holding the GIL, which
+    // the caller holds too (see the module documentation).
     !p.is_null() && unsafe { (*p).contains(&(tp as usize)) }
 }
 
-fn publish(owned: &mut Owned, set: Set) {
-    let mut b = Box::new(set);
+fn publish(owned: &mut Owned) {
+    let mut b = Box::new(owned.classes.keys().copied().collect::<Set>());
     let p: *mut Set = &mut *b;
-    owned.snapshots.push(b);
     SNAPSHOT.store(p, Ordering::Release);
+    owned.current = Some(b);
 }
 
-fn current() -> Set {
-    let p = SNAPSHOT.load(Ordering::Acquire);
-    if p.is_null() {
-        Set::default()
-    } else {
-        unsafe { (*p).clone() }
-    }
+fn lock() -> PyResult<std::sync::MutexGuard<'static, Owned>> {
+    OWNED
+        .lock()
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: registry poisoned"))
 }
 
 pub fn add(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let tp = cls.as_ptr() as usize;
-    let mut owned = OWNED
-        .lock()
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: registry poisoned"))?;
-    let mut set = current();
-    if set.insert(tp) {
-        owned.classes.push(cls.clone().unbind());
-        publish(&mut owned, set);
+    let mut owned = lock()?;
+    if !owned.classes.contains_key(&tp) {
+        owned.classes.insert(tp, cls.clone().unbind());
+        publish(&mut owned);
     }
     Ok(())
 }
 
 pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
     let tp = cls.as_ptr() as usize;
-    let mut owned = OWNED
-        .lock()
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: registry poisoned"))?;
-    let mut set = current();
-    if !set.remove(&tp) {
-        return Ok(false);
-    }
-    publish(&mut owned, set);
-    // The class stays referenced: a reader may hold an older snapshot.
+    let released = {
+        let mut owned = lock()?;
+        let Some(r) = owned.classes.remove(&tp) else {
+            return Ok(false);
+        };
+        publish(&mut owned);
+        r
+    };
+    // Dropped outside the lock: releasing a class may run Python code.
+    drop(released);
     Ok(true)
 }

@@ -928,11 +928,12 @@ impl Depth {
         });
         if depth > i64::from(unsafe { ffi::Py_GetRecursionLimit() }) {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
+            // torch's recursion is a chain of Python calls: its text.
             return Err(pyo3::exceptions::PyRecursionError::new_err(
-                "maximum recursion depth exceeded",
+                "maximum recursion depth exceeded while calling a Python object",
             ));
         }
-        if unsafe { ffi::Py_EnterRecursiveCall(c" in a module tree walk".as_ptr()) } != 0 {
+        if unsafe { ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) } != 0 {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
             return Err(PyErr::fetch(py));
         }
