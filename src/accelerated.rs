@@ -61,8 +61,8 @@ fn lock() -> PyResult<std::sync::MutexGuard<'static, Owned>> {
 pub fn add(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let tp = cls.as_ptr() as usize;
     let mut owned = lock()?;
-    if !owned.classes.contains_key(&tp) {
-        owned.classes.insert(tp, cls.clone().unbind());
+    if let std::collections::hash_map::Entry::Vacant(e) = owned.classes.entry(tp) {
+        e.insert(cls.clone().unbind());
         publish(&mut owned);
     }
     Ok(())
