@@ -26,7 +26,7 @@ use crate::ffi_ext::_PyType_Lookup;
 use crate::items::Items;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use crate::state::Globals;
-use crate::traversal::{call_method, for_each_child, is_native, Depth, Method};
+use crate::traversal::{call_method, for_each_child, is_native, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -325,7 +325,7 @@ fn body<'py>(
     module: &Bound<'py, PyAny>,
     recurse: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let _depth = Depth::enter(py)?;
+    let _depth = Depth::enter(py, Recursion::Python)?;
     if recurse {
         for_each_child(py, ctx.g, module, |child| {
             if is_native(ctx.g, child, Method::ApplyFn) {

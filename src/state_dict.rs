@@ -22,7 +22,7 @@
 use crate::items::Items;
 use crate::lookup::{hook_dict_len, instance_dict, plain_attr, Plain};
 use crate::state::Globals;
-use crate::traversal::{is_native, original, Depth, Method};
+use crate::traversal::{is_native, original, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -145,7 +145,7 @@ fn load<'py>(
     local: &Bound<'py, PyAny>,
     prefix: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
-    let _depth = Depth::enter(py)?;
+    let _depth = Depth::enter(py, Recursion::Python)?;
     let g = ctx.g;
     // A plain dict's `.get` runs no code: it can wait until torch's code needs it.
     let lazy = ctx.metadata.is_none() || unsafe { is_dict_or_odict(g, ctx.metadata.as_ptr()) };
@@ -531,7 +531,7 @@ pub fn save_tree<'py>(
     prefix: &Bound<'py, PyAny>,
     keep_vars: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let _depth = Depth::enter(py)?;
+    let _depth = Depth::enter(py, Recursion::Routed)?;
     let metadata_name = intern!(py, "_metadata");
     let destination = if destination.is_none() {
         let odict = unsafe { Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject) };

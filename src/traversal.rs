@@ -915,23 +915,45 @@ thread_local! {
     static WALK_DEPTH: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
 }
 
+/// Which text torch's own recursion would raise RecursionError with, for a
+/// walk whose stock version recurses in Python: on 3.11 every Python call
+/// counts as "while calling a Python object"; from 3.12 on, a recursion of
+/// Python frames raises the bare text, except where the recursive call is
+/// one of torch's functions that fastmodule routes (`state_dict`, `train`),
+/// which the interpreter then calls through C.
+#[derive(Clone, Copy)]
+pub(crate) enum Recursion {
+    /// torch recurses through a routed method called from torch's code.
+    Routed,
+    /// torch recurses through plain Python calls.
+    Python,
+}
+
+impl Recursion {
+    fn text(self) -> &'static str {
+        const SUFFIXED: &str = "maximum recursion depth exceeded while calling a Python object";
+        if cfg!(Py_3_12) && matches!(self, Recursion::Python) {
+            "maximum recursion depth exceeded"
+        } else {
+            SUFFIXED
+        }
+    }
+}
+
 /// RAII guard for one level of an eager walk: RecursionError where torch's
 /// Python recursion would exceed the recursion limit (from 3.13 on,
 /// `Py_EnterRecursiveCall` only guards the C stack, with a higher limit), and
 /// `Py_EnterRecursiveCall` for the native stack itself.
 pub(crate) struct Depth;
 impl Depth {
-    pub(crate) fn enter(py: Python<'_>) -> PyResult<Depth> {
+    pub(crate) fn enter(py: Python<'_>, kind: Recursion) -> PyResult<Depth> {
         let depth = WALK_DEPTH.with(|d| {
             d.set(d.get() + 1);
             d.get()
         });
         if depth > i64::from(unsafe { ffi::Py_GetRecursionLimit() }) {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
-            // torch's recursion is a chain of Python calls: its text.
-            return Err(pyo3::exceptions::PyRecursionError::new_err(
-                "maximum recursion depth exceeded while calling a Python object",
-            ));
+            return Err(pyo3::exceptions::PyRecursionError::new_err(kind.text()));
         }
         if unsafe { ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) } != 0 {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
@@ -985,7 +1007,7 @@ fn train_body<'py>(
     module: &Bound<'py, PyAny>,
     mode: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let _depth = Depth::enter(py)?;
+    let _depth = Depth::enter(py, Recursion::Routed)?;
     if !mode.is_instance_of::<PyBool>() {
         return Err(PyValueError::new_err(
             "training mode is expected to be boolean",
@@ -1009,7 +1031,7 @@ fn apply_body<'py>(
     module: &Bound<'py, PyAny>,
     f: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let _depth = Depth::enter(py)?;
+    let _depth = Depth::enter(py, Recursion::Python)?;
     for_each_child(py, g, module, |child| {
         if is_native(g, child, Method::Apply) {
             apply_body(py, g, child, f)?;
