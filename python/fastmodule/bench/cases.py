@@ -301,6 +301,47 @@ def _moe_builder(
     return build
 
 
+def _stock_tree(blocks: int) -> nn.Module:
+    """The wide tree built from stock classes only (for ``fastmodule.accelerate``)."""
+    root = nn.Module()
+    for i in range(blocks):
+        block = nn.Module()
+        block.lin = nn.Linear(4, 4)
+        block.norm = nn.LayerNorm(4)
+        block.register_buffer("scale", torch.ones(4))
+        root.add_module(f"b{i}", block)
+    return root
+
+
+def _accelerated_tree_builder(
+    stmt: str, lower: Callable[[nn.Module], Variant], blocks: int = 2000
+) -> Callable[[torch.device], dict[str, Variant]]:
+    """A whole-tree operation on a tree of stock classes, stock vs ``accelerate``.
+
+    Both columns time the very same tree; the fast column accelerates its classes
+    (per class, so only for that column). On CPython 3.11 torch's whole-tree methods
+    called from Python are not routed (see README), so expect ~1x there.
+    """
+
+    def build(device: torch.device) -> dict[str, Variant]:
+        torch.manual_seed(0)
+        tree = _stock_tree(scaled(blocks))
+        sd = tree.state_dict()
+
+        @contextlib.contextmanager
+        def fast() -> Any:
+            with fastmodule.accelerated(tree):
+                yield
+
+        return _three(
+            Variant(stmt, {"m": tree, "sd": sd}),
+            Variant(stmt, {"m": tree, "sd": sd}, fast),
+            lower(tree),
+        )
+
+    return build
+
+
 def _flat_lower(kind: str) -> Callable[[nn.Module], Variant]:
     """The same list without a walk: copying a list built once beforehand."""
 
@@ -553,6 +594,23 @@ CASES: tuple[Case, ...] = (
         "moe_to_noop",
         "m.to('cpu') on the MoE tree (already there)",
         _moe_builder("m.to('cpu')", _loop_lower("[t.to('cpu') for t in flat]", "parameters")),
+    ),
+    Case(
+        "accel_tree_named_parameters",
+        "list(m.named_parameters()) on the wide tree of stock classes, accelerate()",
+        _accelerated_tree_builder("list(m.named_parameters())", _flat_lower("named_parameters")),
+    ),
+    Case(
+        "accel_tree_load_state_dict",
+        "m.load_state_dict(sd) on a 500-block tree of stock classes, accelerate()",
+        _accelerated_tree_builder("m.load_state_dict(sd)", _copy_lower, blocks=500),
+    ),
+    Case(
+        "accel_tree_float_noop",
+        "m.float() on the wide tree of stock classes (float32), accelerate()",
+        _accelerated_tree_builder(
+            "m.float()", _loop_lower("[t.float() for t in flat]", "parameters")
+        ),
     ),
     Case(
         "mlp64",
