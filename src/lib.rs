@@ -11,6 +11,7 @@
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
 //! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
+//! - `containers`: ModuleList/Sequential/ModuleDict iteration and len,
 //! - `leaves`: torch's Sequential/Linear/ReLU `forward` without their frames,
 //! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
 //! - `errors`: torch's exception texts,
@@ -20,6 +21,7 @@ mod apply;
 mod attr;
 mod call;
 mod callcache;
+mod containers;
 mod errors;
 mod ffi_ext;
 mod hooks;
@@ -46,6 +48,7 @@ use pyo3::types::PyType;
 #[pyfunction]
 fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
     state::init(py, fast_module)?;
+    slots::capture_generic(state::require(py)?);
     tracing::init(libtorch_path);
     methods::install(py)?;
     slots::install_class(py, fast_module)?;
@@ -82,6 +85,12 @@ fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResu
 #[pyfunction]
 fn init_layers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     leaves::init(py, config)
+}
+
+/// Serve torch's container methods (`config`: qualified name -> function).
+#[pyfunction]
+fn init_containers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    containers::init(py, config)
 }
 
 /// Route torch's own whole-tree methods to `bodies[name]` for fast instances.
@@ -246,6 +255,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
+    m.add_function(wrap_pyfunction!(init_containers, m)?)?;
     m.add_function(wrap_pyfunction!(accelerate_class, m)?)?;
     m.add_function(wrap_pyfunction!(restore_class, m)?)?;
     m.add_function(wrap_pyfunction!(is_accelerated_class, m)?)?;

@@ -63,6 +63,10 @@ unsafe fn getattr_ok(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
 /// Install whichever slots `tp`'s MRO allows and that are not in place.
 #[inline(always)]
 pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
+    if tp == g.nn_module {
+        // nn.Module itself keeps CPython's slots (classes inherit them).
+        return;
+    }
     if !is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) && call_ok(g, tp) {
         (*tp).tp_call = Some(module_call);
     }
@@ -109,8 +113,33 @@ pub fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Ins
     }
     crate::accelerated::add(cls)?;
     unsafe {
+        // (nn.Module itself keeps CPython's slots: every class created later
+        // would inherit ours, beyond what `restore_class` can take back.)
         rearm(g, tp);
         Ok(current(g, tp))
+    }
+}
+
+/// Capture nn.Module's own slots (at import, before any installation): for
+/// a class whose `__call__`/`__getattr__` are nn.Module's Python functions
+/// they are what CPython computes.
+pub fn capture_generic(g: &Globals) {
+    let _ = GENERIC_SLOTS.set(unsafe { ((*g.nn_module).tp_call, (*g.nn_module).tp_getattro) });
+}
+
+static GENERIC_SLOTS: std::sync::OnceLock<(Option<ffi::ternaryfunc>, Option<ffi::getattrofunc>)> =
+    std::sync::OnceLock::new();
+
+/// Put CPython's slots back on `tp` where ours are installed.
+unsafe fn uninstall(tp: *mut ffi::PyTypeObject) {
+    let Some(&(call, getattro)) = GENERIC_SLOTS.get() else {
+        return;
+    };
+    if is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) {
+        (*tp).tp_call = call;
+    }
+    if is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) {
+        (*tp).tp_getattro = getattro;
     }
 }
 
@@ -126,13 +155,21 @@ pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> 
     let was = crate::accelerated::remove(cls)?;
     // Our slots are installed only while `__call__`/`__getattr__` resolve to
     // nn.Module's Python functions; for such a class CPython's own slots are
-    // the generic ones nn.Module carries.
-    unsafe {
-        if is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) {
-            (*tp).tp_call = (*g.nn_module).tp_call;
-        }
-        if is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) {
-            (*tp).tp_getattro = (*g.nn_module).tp_getattro;
+    // the generic ones nn.Module carries. Subclasses created while `cls` was
+    // accelerated inherited ours: they get CPython's back too, unless they
+    // are fast in their own right.
+    unsafe { uninstall(tp) };
+    let mut stack = vec![cls.clone()];
+    while let Some(c) = stack.pop() {
+        for sub in c.call_method0(pyo3::intern!(py, "__subclasses__"))?.try_iter()? {
+            let sub = sub?.cast_into::<PyType>()?;
+            let stp = sub.as_ptr() as *mut ffi::PyTypeObject;
+            let fast = unsafe { ffi::PyType_IsSubtype(stp, g.fast_module) } != 0
+                || crate::accelerated::contains(stp);
+            if !fast {
+                unsafe { uninstall(stp) };
+                stack.push(sub);
+            }
         }
     }
     Ok(was)

@@ -1550,3 +1550,24 @@ def test_layer_forwards_under_modes_patches_and_bad_calls(accel: Accel[Any]) -> 
         return out
 
     compare(build, scenario, accel)
+
+
+def test_plain_module_instances_leave_nn_module_untouched() -> None:
+    """A tree of bare ``nn.Module()`` containers accelerates ``nn.Module`` itself in
+    place; its slots stay CPython's (classes inherit them), and restoring leaves no
+    native slot anywhere, so stock calls after the block are stock."""
+    root = nn.Module()
+    root.add_module("block", nn.Module())
+    root.block.add_module("lin", nn.Linear(2, 2))
+    with fastmodule.accelerated(root):
+        assert fastmodule.is_accelerated(root)
+        assert _core.installed(nn.Module)[:2] == (False, False)
+        assert _core.installed(nn.Linear)[:2] == (True, True)
+
+        class Later(nn.Linear):
+            pass
+
+        assert _core.installed(Later)[:2] == (False, False)
+        assert not fastmodule.is_accelerated(Later(2, 2))
+    assert left_accelerated() == []
+    assert not fastmodule.is_accelerated(root.block.lin)

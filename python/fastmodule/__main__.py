@@ -33,8 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PATH.png", help="also draw the speedups (matplotlib)")
     bench.add_argument(
         "--compile",
-        action="store_true",
-        help="also time torch.compile where a case offers it (compile time shown apart)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time torch.compile where a case offers it, compile time shown apart "
+        "(default: on, off with --quick)",
     )
     bench.add_argument(
         "--series",
@@ -83,7 +85,8 @@ def run_bench(args: argparse.Namespace) -> int:
             return _error("--plot needs matplotlib (pip install matplotlib)")
 
     torch.set_num_threads(args.threads)
-    settings = dataclasses.replace(QUICK if args.quick else DEFAULT, compile=args.compile)
+    use_compile = (not args.quick) if args.compile is None else args.compile
+    settings = dataclasses.replace(QUICK if args.quick else DEFAULT, compile=use_compile)
     meta = collect_meta(args.threads, args.device, settings, args.quick)
     print(format_header(meta), end="\n\n", flush=True)
     results = []

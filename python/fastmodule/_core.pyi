@@ -53,3 +53,6 @@ def init_layers(config: dict[str, object]) -> None:
 
 def init_runtime(config: dict[str, object]) -> None:
     """Capture torch's grad-mode, mode and ``torch.__future__`` accessors."""
+
+def init_containers(config: dict[str, object]) -> None:
+    """Serve torch's ModuleList/Sequential/ModuleDict protocol methods natively."""

@@ -1,4 +1,5 @@
-"""torch layers whose ``forward`` the native call path may run without a frame.
+"""torch layers whose ``forward`` the native call path may run without a frame,
+and torch's container protocol methods served natively.
 
 ``nn.Sequential.forward``, ``nn.Linear.forward`` and ``nn.ReLU.forward`` are
 short and fixed: the native call (``fastmodule._core``, module ``leaves``)
@@ -65,3 +66,30 @@ if _expected():
             "has_torch_function_unary": F.relu.__globals__["has_torch_function_unary"],
         }
     )
+
+
+# Container protocol methods, each a one-line view of `self._modules`.
+_CONTAINER_METHODS = {
+    "ModuleList.__iter__": (("iter", "_modules", "values"), torch.nn.ModuleList),
+    "Sequential.__iter__": (("iter", "_modules", "values"), torch.nn.Sequential),
+    "ModuleDict.__iter__": (("iter", "_modules"), torch.nn.ModuleDict),
+    "ModuleList.__len__": (("len", "_modules"), torch.nn.ModuleList),
+    "Sequential.__len__": (("len", "_modules"), torch.nn.Sequential),
+    "ModuleDict.__len__": (("len", "_modules"), torch.nn.ModuleDict),
+    "ModuleDict.keys": (("_modules", "keys"), torch.nn.ModuleDict),
+    "ModuleDict.values": (("_modules", "values"), torch.nn.ModuleDict),
+    "ModuleDict.items": (("_modules", "items"), torch.nn.ModuleDict),
+}
+
+
+def _containers() -> dict[str, Any]:
+    """The container methods whose installed body is the one-liner reproduced."""
+    out = {}
+    for qualname, (names, cls) in _CONTAINER_METHODS.items():
+        f = cls.__dict__.get(qualname.split(".")[1])
+        if f is not None and hasattr(f, "__code__") and _names(f) == (names, ("self",)):
+            out[qualname] = f
+    return out
+
+
+_core.init_containers(_containers())
