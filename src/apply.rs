@@ -24,7 +24,7 @@
 //! observable.
 use crate::ffi_ext::_PyType_Lookup;
 use crate::items::Items;
-use crate::lookup::{instance_dict, plain_attr, Plain};
+use crate::lookup::{instance_attr, truthy};
 use crate::state::Globals;
 use crate::traversal::{call_method, for_each_child, is_native, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
@@ -150,10 +150,6 @@ struct Ctx<'py> {
     /// (it must see torch's exact sequence of calls) or a flag getter was
     /// replaced (it must be called as often as torch calls it).
     delegate_all: bool,
-}
-
-fn truthy(v: PyResult<Bound<'_, PyAny>>) -> PyResult<bool> {
-    v?.is_truthy()
 }
 
 impl<'py> Ctx<'py> {
@@ -370,17 +366,7 @@ fn registry<'py>(
     module: &Bound<'py, PyAny>,
     name: &Bound<'py, pyo3::types::PyString>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let py = module.py();
-    unsafe {
-        let m = module.as_ptr();
-        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
-            Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
-                Ok(Some(Bound::from_borrowed_ptr(py, d)))
-            }
-            Plain::Error => Err(PyErr::fetch(py)),
-            _ => Ok(None),
-        }
-    }
+    Ok(instance_attr(module, name)?.filter(|d| d.is_exact_instance_of::<PyDict>()))
 }
 
 fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {

@@ -55,6 +55,35 @@ pub unsafe fn plain_attr(
     }
 }
 
+/// `obj.<name>` for an attribute torch keeps in the instance `__dict__`
+/// (a registry): Some(value) when found exactly as `object.__getattribute__`
+/// would, None when only a full attribute lookup can answer.
+pub fn instance_attr<'py>(
+    obj: &pyo3::Bound<'py, pyo3::PyAny>,
+    name: &pyo3::Bound<'py, pyo3::types::PyString>,
+) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::PyAny>>> {
+    let py = obj.py();
+    unsafe {
+        let m = obj.as_ptr();
+        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
+            Plain::Found(d) => Ok(Some(pyo3::Bound::from_borrowed_ptr(py, d))),
+            Plain::Error => Err(pyo3::PyErr::fetch(py)),
+            Plain::Unusual => Ok(None),
+        }
+    }
+}
+
+/// `bool(value)` of a call's result.
+pub fn truthy(v: pyo3::PyResult<pyo3::Bound<'_, pyo3::PyAny>>) -> pyo3::PyResult<bool> {
+    use pyo3::types::PyAnyMethods;
+    v?.is_truthy()
+}
+
+/// Is `obj` an exact `str`?
+pub fn exact_str(obj: &pyo3::Bound<'_, pyo3::PyAny>) -> bool {
+    unsafe { ffi::PyUnicode_CheckExact(obj.as_ptr()) != 0 }
+}
+
 /// Borrowed `dict.get(key)` for an exact dict; null when missing or on error
 /// (check `PyErr_Occurred`).
 #[inline(always)]

@@ -7,6 +7,7 @@
 //! `self.get_submodule(...)` dispatched to an override where torch would call
 //! one. A target that is not an exact `str` (whose `split` could be anything)
 //! is handed to torch's own function.
+use crate::lookup::exact_str;
 use crate::state::Globals;
 use crate::traversal::{call_method, is_native, Method};
 use pyo3::call::PyCallArgs;
@@ -67,10 +68,6 @@ fn not_a(name: &Bound<'_, PyAny>, what: &str) -> PyErr {
         Ok(m) => PyAttributeError::new_err(m.unbind()),
         Err(e) => e,
     }
-}
-
-fn exact_str(obj: &Bound<'_, PyAny>) -> bool {
-    unsafe { ffi::PyUnicode_CheckExact(obj.as_ptr()) != 0 }
 }
 
 /// torch's `get_submodule` body for `module`.

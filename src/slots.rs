@@ -161,7 +161,10 @@ pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> 
     unsafe { uninstall(tp) };
     let mut stack = vec![cls.clone()];
     while let Some(c) = stack.pop() {
-        for sub in c.call_method0(pyo3::intern!(py, "__subclasses__"))?.try_iter()? {
+        for sub in c
+            .call_method0(pyo3::intern!(py, "__subclasses__"))?
+            .try_iter()?
+        {
             let sub = sub?.cast_into::<PyType>()?;
             let stp = sub.as_ptr() as *mut ffi::PyTypeObject;
             let fast = unsafe { ffi::PyType_IsSubtype(stp, g.fast_module) } != 0

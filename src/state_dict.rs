@@ -20,7 +20,7 @@
 //! unexpected keys in torch's order. Anything else calls the module's own
 //! `_load_from_state_dict`, before anything of it was touched.
 use crate::items::Items;
-use crate::lookup::{hook_dict_len, instance_dict, plain_attr, Plain};
+use crate::lookup::{exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
 use crate::state::Globals;
 use crate::traversal::{is_native, original, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
@@ -73,10 +73,6 @@ struct Ctx<'py> {
 unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
     let t = ffi::Py_TYPE(o);
     t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
-}
-
-fn exact_str(o: &Bound<'_, PyAny>) -> bool {
-    unsafe { ffi::PyUnicode_CheckExact(o.as_ptr()) != 0 }
 }
 
 /// `load(module, state_dict)` of torch's `load_state_dict`, from the root.
@@ -321,26 +317,6 @@ fn build_buckets<'py>(
     Ok(Some(out))
 }
 
-fn truthy(v: PyResult<Bound<'_, PyAny>>) -> PyResult<bool> {
-    v?.is_truthy()
-}
-
-/// An exact dict (or set) registry held in the instance dict.
-fn registry<'py>(
-    module: &Bound<'py, PyAny>,
-    name: &Bound<'py, PyString>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let py = module.py();
-    unsafe {
-        let m = module.as_ptr();
-        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
-            Plain::Found(d) => Ok(Some(Bound::from_borrowed_ptr(py, d))),
-            Plain::Error => Err(PyErr::fetch(py)),
-            Plain::Unusual => Ok(None),
-        }
-    }
-}
-
 fn exact_dict(o: &Bound<'_, PyAny>) -> bool {
     unsafe { ffi::PyDict_CheckExact(o.as_ptr()) != 0 }
 }
@@ -369,7 +345,7 @@ fn native_allowed<'py>(
             return Ok(false);
         }
     }
-    match registry(module, intern!(py, "_load_state_dict_pre_hooks"))? {
+    match instance_attr(module, intern!(py, "_load_state_dict_pre_hooks"))? {
         Some(h) if matches!(unsafe { hook_dict_len(h.as_ptr(), g.odict) }, Some(0)) => {}
         _ => return Ok(false),
     }
@@ -398,10 +374,10 @@ fn native_load_from_state_dict<'py>(
         return Ok(false);
     }
     let (Some(params), Some(buffers), Some(non_persistent), Some(modules)) = (
-        registry(module, intern!(py, "_parameters"))?,
-        registry(module, intern!(py, "_buffers"))?,
-        registry(module, intern!(py, "_non_persistent_buffers_set"))?,
-        registry(module, intern!(py, "_modules"))?,
+        instance_attr(module, intern!(py, "_parameters"))?,
+        instance_attr(module, intern!(py, "_buffers"))?,
+        instance_attr(module, intern!(py, "_non_persistent_buffers_set"))?,
+        instance_attr(module, intern!(py, "_modules"))?,
     ) else {
         return Ok(false);
     };
