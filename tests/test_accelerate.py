@@ -1571,3 +1571,43 @@ def test_plain_module_instances_leave_nn_module_untouched() -> None:
         assert not fastmodule.is_accelerated(Later(2, 2))
     assert left_accelerated() == []
     assert not fastmodule.is_accelerated(root.block.lin)
+
+
+def test_container_protocols_match_stock() -> None:
+    """ModuleList/Sequential/ModuleDict iteration, len and views (served natively
+    for accelerated classes) give what stock gives, errors included."""
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        root = nn.Module()
+        root.lst = nn.ModuleList([nn.Linear(2, 2), nn.ReLU()])
+        root.seq = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+        root.dct = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.ReLU()})
+        return root
+
+    def observe(root: nn.Module) -> list[Any]:
+        def mutate_while_iterating() -> None:
+            for _ in root.lst:
+                root.lst.append(nn.ReLU())
+
+        return [
+            [type(m).__name__ for m in root.lst],
+            [type(m).__name__ for m in root.seq],
+            list(root.dct),
+            list(root.dct.keys()),
+            [type(m).__name__ for m in root.dct.values()],
+            [(k, type(m).__name__) for k, m in root.dct.items()],
+            (len(root.lst), len(root.seq), len(root.dct)),
+            type(iter(root.lst)).__name__,
+            type(root.dct.keys()).__name__,
+            outcome(lambda: root.lst.__iter__(1)),
+            outcome(lambda: root.dct.items(extra=1)),
+            outcome(mutate_while_iterating),
+        ]
+
+    stock = observe(build())
+    root = build()
+    with fastmodule.accelerated(root):
+        assert fastmodule.is_accelerated(root.lst)
+        fast = observe(root)
+    assert fast == stock
