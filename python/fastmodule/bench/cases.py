@@ -230,18 +230,17 @@ StockTree, FastTree = _pair(
 )
 
 
-def _tree_builder(
-    stmt: str, lower: Callable[[nn.Module], Variant], blocks: int = 2000
+def _pair_builder(
+    make: Callable[[], tuple[nn.Module, nn.Module]],
+    stmt: str,
+    lower: Callable[[nn.Module], Variant],
 ) -> Callable[[torch.device], dict[str, Variant]]:
-    """A whole-tree operation on the design notes' wide tree.
-
-    2000 blocks of Linear(4,4) + LayerNorm(4) + a buffer: 6001 modules, 10000 tensors.
-    """
+    """``stmt`` on a stock tree and on the same tree with fastmodule classes
+    (``make()`` builds both; the fast one gets the stock one's values)."""
 
     def build(device: torch.device) -> dict[str, Variant]:
         torch.manual_seed(0)
-        n = scaled(blocks)
-        stock, fast = StockTree(n), FastTree(n)
+        stock, fast = make()
         sd = stock.state_dict()
         fast.load_state_dict(sd)
         return _three(
@@ -251,6 +250,16 @@ def _tree_builder(
         )
 
     return build
+
+
+def _tree_builder(
+    stmt: str, lower: Callable[[nn.Module], Variant], blocks: int = 2000
+) -> Callable[[torch.device], dict[str, Variant]]:
+    """A whole-tree operation on the design notes' wide tree.
+
+    2000 blocks of Linear(4,4) + LayerNorm(4) + a buffer: 6001 modules, 10000 tensors.
+    """
+    return _pair_builder(lambda: (StockTree(scaled(blocks)), FastTree(scaled(blocks))), stmt, lower)
 
 
 def _expert_init(self: nn.Module) -> None:
@@ -285,20 +294,7 @@ def _moe_builder(
     32 layers x (router Linear + 64 experts x 2 Linear): 6241 modules, 8256 tensors.
     The user classes differ by base; the Linear and ModuleList leaves are torch's.
     """
-
-    def build(device: torch.device) -> dict[str, Variant]:
-        torch.manual_seed(0)
-        layers = scaled(32)
-        stock, fast = StockMoE(layers), FastMoE(layers)
-        sd = stock.state_dict()
-        fast.load_state_dict(sd)
-        return _three(
-            Variant(stmt, {"m": stock, "sd": sd}),
-            Variant(stmt, {"m": fast, "sd": sd}),
-            lower(stock),
-        )
-
-    return build
+    return _pair_builder(lambda: (StockMoE(scaled(32)), FastMoE(scaled(32))), stmt, lower)
 
 
 def _stock_tree(blocks: int) -> nn.Module:
