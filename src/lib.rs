@@ -188,35 +188,6 @@ fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     state_dict::init(config)
 }
 
-/// torch's `load()` walk of `load_state_dict`, from `module` down.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn load_tree<'py>(
-    py: Python<'py>,
-    module: &Bound<'py, PyAny>,
-    state_dict: &Bound<'py, PyAny>,
-    metadata: &Bound<'py, PyAny>,
-    assign: &Bound<'py, PyAny>,
-    missing: &Bound<'py, PyAny>,
-    unexpected: &Bound<'py, PyAny>,
-    errors: &Bound<'py, PyAny>,
-    post_hook_text: &Bound<'py, PyAny>,
-) -> PyResult<()> {
-    let g = state::require(py)?;
-    state_dict::load_tree(
-        py,
-        g,
-        module,
-        state_dict,
-        metadata,
-        assign,
-        missing,
-        unexpected,
-        errors,
-        post_hook_text,
-    )
-}
-
 /// Offset of `od_state` in CPython's `PyODictObject` (after the dict and five
 /// pointer-sized fields), verified once on a live OrderedDict.
 fn odict_state_offset(py: Python<'_>) -> PyResult<Option<usize>> {
@@ -264,7 +235,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(init_load, m)?)?;
     m.add_function(wrap_pyfunction!(init_runtime, m)?)?;
-    m.add_function(wrap_pyfunction!(load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(state_dict::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

@@ -75,11 +75,12 @@ unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
     t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
 }
 
-/// `load(module, state_dict)` of torch's `load_state_dict`, from the root.
+/// `load(module, state_dict)` of torch's `load_state_dict`, from the root
+/// (`fastmodule._core.load_tree`).
+#[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn load_tree<'py>(
     py: Python<'py>,
-    g: &'static Globals,
     module: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
     metadata: &Bound<'py, PyAny>,
@@ -89,6 +90,7 @@ pub fn load_tree<'py>(
     errors: &Bound<'py, PyAny>,
     post_hook_text: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
+    let g = crate::state::require(py)?;
     let cfg = CONFIG
         .get()
         .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))?;

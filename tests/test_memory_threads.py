@@ -350,34 +350,27 @@ def traced_growth(fn: Callable[[], None], warmup: Callable[[], None] | None = No
         tracemalloc.stop()
 
 
-class Tiny(fastmodule.Module):
+def _tiny_class(base: type[nn.Module]) -> type[nn.Module]:
     """A module whose forward costs nothing, so many calls fit in the time budget."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(2, 2)
-        self.w = nn.Parameter(torch.zeros(2))
-        self.register_buffer("b", torch.zeros(2))
+    class Tiny(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.w = nn.Parameter(torch.zeros(2))
+            self.register_buffer("b", torch.zeros(2))
 
-    def forward(self, x: Any, *rest: Any, k: Any = None) -> Any:
-        if k == "raise":
-            raise ValueError("forward failed")
-        return x
+        def forward(self, x: Any, *rest: Any, k: Any = None) -> Any:
+            if k == "raise":
+                raise ValueError("forward failed")
+            return x
+
+    return Tiny
 
 
-class StockTiny(nn.Module):
-    """Tiny's stock twin, accelerated in place by the tests that use it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(2, 2)
-        self.w = nn.Parameter(torch.zeros(2))
-        self.register_buffer("b", torch.zeros(2))
-
-    def forward(self, x: Any, *rest: Any, k: Any = None) -> Any:
-        if k == "raise":
-            raise ValueError("forward failed")
-        return x
+Tiny = _tiny_class(fastmodule.Module)
+#: Tiny's stock twin, accelerated in place by the tests that use it.
+StockTiny = _tiny_class(nn.Module)
 
 
 @contextlib.contextmanager
