@@ -154,8 +154,8 @@ unsafe fn call_forward(
             return std::ptr::null_mut();
         }
         if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
-            crate::callcache::store(tp, dict, *hooks, descr);
-            return call_function(descr, slf, args);
+            let entry = crate::callcache::store(tp, dict, *hooks, descr);
+            return call_function(descr, slf, args, entry);
         }
     }
     let f = ffi::PyObject_GetAttr(slf, name);
@@ -167,16 +167,18 @@ unsafe fn call_forward(
     r
 }
 
-/// `func(self, *args)` for a class-level Python function `forward`.
+/// `func(self, *args)` for a class-level Python function `forward`;
+/// `entry` (or null) is the call cache's entry for `slf`, just validated.
 #[inline(always)]
 unsafe fn call_function(
     func: *mut ffi::PyObject,
     slf: *mut ffi::PyObject,
     args: Args,
+    entry: *mut crate::callcache::Entry,
 ) -> *mut ffi::PyObject {
     // torch's own Sequential/Linear/ReLU forward, without its frame.
     if let Some(input) = args.single() {
-        if let Some(r) = crate::leaves::forward(func, slf, input) {
+        if let Some(r) = crate::leaves::forward(func, slf, input, entry) {
             return r;
         }
     }
@@ -198,8 +200,9 @@ unsafe fn fast_call(
     let tp = ffi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     if let Some(e) = crate::callcache::lookup(tp, dict) {
-        return match live(g, &e.hooks) {
-            Decision::Forward => Some(call_function(e.forward, slf, args)),
+        let (hooks, forward) = ((*e).hooks, (*e).forward);
+        return match live(g, &hooks) {
+            Decision::Forward => Some(call_function(forward, slf, args, e)),
             Decision::Stock => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
@@ -215,6 +218,29 @@ unsafe fn fast_call(
         Decision::Error => Some(std::ptr::null_mut()),
         _ => None,
     }
+}
+
+/// `child(input)` for a module whose `tp_call` is fastmodule's slot, without
+/// building an argument tuple (the slot's own decision, same fallback).
+#[inline(always)]
+pub unsafe fn call_one(child: *mut ffi::PyObject, input: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    let own = crate::slots::is_fn!(
+        (*ffi::Py_TYPE(child)).tp_call,
+        module_call as ffi::ternaryfunc
+    );
+    if own {
+        if let Some(g) = globals() {
+            let args = [child, input];
+            if let Some(r) = fast_call(
+                g,
+                child,
+                Args::Vector(args.as_ptr(), 2, std::ptr::null_mut()),
+            ) {
+                return r;
+            }
+        }
+    }
+    ffi::PyObject_CallOneArg(child, input)
 }
 
 /// The `tp_call` slot.

@@ -21,9 +21,57 @@ pub struct Entry {
     pub hooks: [*mut ffi::PyObject; 4],
     /// The class's Python function `forward`.
     pub forward: *mut ffi::PyObject,
+    /// What a native torch layer (`crate::leaves`) read from the instance,
+    /// valid with the entry (and `reg`'s version where `reg` is set).
+    pub leaf: Leaf,
 }
 
-const SIZE: usize = 512;
+/// Borrowed objects a native layer read from the instance: `Linear`'s
+/// `weight`/`bias` (from the `_parameters` dict `reg`, checked at version
+/// `reg_version` too), `ReLU`'s `inplace`, `Sequential`'s `_modules` dict.
+/// Every pointer is kept alive by the unchanged instance dict (or `reg`).
+#[derive(Clone, Copy)]
+pub struct Leaf {
+    pub kind: LeafKind,
+    pub reg: *mut ffi::PyObject,
+    pub reg_version: u64,
+    pub a: *mut ffi::PyObject,
+    pub b: *mut ffi::PyObject,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LeafKind {
+    None,
+    Linear,
+    Relu,
+    Sequential,
+}
+
+pub const NO_LEAF: Leaf = Leaf {
+    kind: LeafKind::None,
+    reg: std::ptr::null_mut(),
+    reg_version: 0,
+    a: std::ptr::null_mut(),
+    b: std::ptr::null_mut(),
+};
+
+impl Leaf {
+    /// The cached reads for `kind`, if still valid.
+    #[inline(always)]
+    pub unsafe fn get(&self, kind: LeafKind) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+        if self.kind != kind {
+            return None;
+        }
+        if !self.reg.is_null() && dict_version(self.reg) != self.reg_version {
+            return None;
+        }
+        Some((self.a, self.b))
+    }
+}
+
+/// Sets of two entries (the most recently stored first): a model of a few
+/// hundred modules fits without slots evicting each other on every call.
+const SETS: usize = 1024;
 const EMPTY: Entry = Entry {
     dict: std::ptr::null_mut(),
     dict_version: 0,
@@ -31,46 +79,46 @@ const EMPTY: Entry = Entry {
     tp_version: 0,
     hooks: [std::ptr::null_mut(); 4],
     forward: std::ptr::null_mut(),
+    leaf: NO_LEAF,
 };
 
-struct Table(UnsafeCell<[Entry; SIZE]>);
+struct Table(UnsafeCell<[[Entry; 2]; SETS]>);
 // SAFETY: read and written only with the GIL held.
 unsafe impl Sync for Table {}
-static TABLE: Table = Table(UnsafeCell::new([EMPTY; SIZE]));
+static TABLE: Table = Table(UnsafeCell::new([[EMPTY; 2]; SETS]));
 
 #[inline(always)]
 fn index(dict: *mut ffi::PyObject) -> usize {
     let a = dict as usize;
-    ((a >> 4) ^ (a >> 13)) & (SIZE - 1)
+    ((a >> 4) ^ (a >> 14)) & (SETS - 1)
 }
 
 #[allow(deprecated)]
 #[inline(always)]
-unsafe fn dict_version(dict: *mut ffi::PyObject) -> u64 {
+pub unsafe fn dict_version(dict: *mut ffi::PyObject) -> u64 {
     (*(dict as *mut ffi::PyDictObject)).ma_version_tag
 }
 
-/// The entry for this instance dict and class, if still valid.
+/// The entry for this instance dict and class, if still valid. A raw
+/// pointer: a nested module call may overwrite the slot, so callers copy what
+/// they need before calling out.
 #[inline(always)]
-pub unsafe fn lookup(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-) -> Option<&'static Entry> {
+pub unsafe fn lookup(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<*mut Entry> {
     if dict.is_null() {
         return None;
     }
-    let e = &(*TABLE.0.get())[index(dict)];
+    let set = &mut (*TABLE.0.get())[index(dict)];
     let tv = (*tp).tp_version_tag;
-    if e.dict == dict
-        && e.tp == tp
-        && tv != 0
-        && e.tp_version == tv
-        && e.dict_version == dict_version(dict)
-    {
-        Some(e)
-    } else {
-        None
+    if tv == 0 {
+        return None;
     }
+    let version = dict_version(dict);
+    for e in set.iter_mut() {
+        if e.dict == dict && e.tp == tp && e.tp_version == tv && e.dict_version == version {
+            return Some(e as *mut Entry);
+        }
+    }
+    None
 }
 
 /// Remember a fully checked fast call (instance forward absent, class forward
@@ -81,17 +129,38 @@ pub unsafe fn store(
     dict: *mut ffi::PyObject,
     hooks: [*mut ffi::PyObject; 4],
     forward: *mut ffi::PyObject,
-) {
+) -> *mut Entry {
     let tv = (*tp).tp_version_tag;
     if cfg!(Py_3_13) || tv == 0 || ffi::PyDict_CheckExact(dict) == 0 {
-        return;
+        return std::ptr::null_mut();
     }
-    (*TABLE.0.get())[index(dict)] = Entry {
+    let set = &mut (*TABLE.0.get())[index(dict)];
+    // Most recent first; an older entry for the same dict is dropped.
+    if set[0].dict != dict {
+        set[1] = set[0];
+    }
+    let slot = &mut set[0];
+    *slot = Entry {
         dict,
         dict_version: dict_version(dict),
         tp,
         tp_version: tv,
         hooks,
         forward,
+        leaf: NO_LEAF,
     };
+    slot as *mut Entry
+}
+
+/// Record a native layer's reads on `entry` (null: nothing to record), if the
+/// entry still describes `dict` at its current version.
+#[inline(always)]
+pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut ffi::PyObject, leaf: Leaf) {
+    if entry.is_null() {
+        return;
+    }
+    let e = &mut *entry;
+    if e.dict == dict && e.dict_version == dict_version(dict) {
+        e.leaf = leaf;
+    }
 }

@@ -11,6 +11,7 @@
 //! `F.relu` itself. The function bodies were checked at import
 //! (`fastmodule.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
+use crate::callcache::{dict_version, set_leaf, Entry, Leaf, LeafKind};
 use crate::items::Items;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use pyo3::ffi;
@@ -51,6 +52,7 @@ struct Names {
     bias: *mut ffi::PyObject,
     inplace: *mut ffi::PyObject,
     modules: *mut ffi::PyObject,
+    parameters: *mut ffi::PyObject,
     iter: *mut ffi::PyObject,
 }
 
@@ -58,6 +60,39 @@ struct Names {
 unsafe impl Send for Leaves {}
 unsafe impl Sync for Leaves {}
 static LEAVES: OnceLock<Leaves> = OnceLock::new();
+
+/// The versions of the dicts whose entries a layer's globals check read, when
+/// the check last passed: while none of them changed, it passes again (any
+/// insertion, deletion or rebinding moves a dict's version).
+struct Checked<const N: usize>(std::cell::Cell<[u64; N]>);
+// SAFETY: only touched with the GIL held.
+unsafe impl<const N: usize> Sync for Checked<N> {}
+
+impl<const N: usize> Checked<N> {
+    const fn new() -> Self {
+        Checked(std::cell::Cell::new([0; N]))
+    }
+
+    /// `check()` unless `dicts` are all at the versions of its last success.
+    #[inline(always)]
+    unsafe fn pass(&self, dicts: [*mut ffi::PyObject; N], check: impl FnOnce() -> bool) -> bool {
+        if cfg!(Py_3_13) {
+            return check();
+        }
+        let now = dicts.map(|d| dict_version(d));
+        if now == self.0.get() {
+            return true;
+        }
+        if !check() {
+            return false;
+        }
+        self.0.set(now);
+        true
+    }
+}
+
+static LINEAR_GLOBALS: Checked<2> = Checked::new();
+static RELU_GLOBALS: Checked<4> = Checked::new();
 
 /// `config`: see `fastmodule.layers`.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
@@ -98,6 +133,7 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             bias: intern("bias"),
             inplace: intern("inplace"),
             modules: intern("_modules"),
+            parameters: intern("_parameters"),
             iter: intern("__iter__"),
         },
     };
@@ -123,17 +159,127 @@ pub unsafe fn forward(
     func: *mut ffi::PyObject,
     slf: *mut ffi::PyObject,
     input: *mut ffi::PyObject,
+    entry: *mut Entry,
 ) -> Option<*mut ffi::PyObject> {
     let l = LEAVES.get()?;
     if func == l.linear_forward {
-        linear(l, slf, input)
+        linear(l, slf, input, entry)
     } else if func == l.relu_forward {
-        relu(l, slf, input)
+        relu(l, slf, input, entry)
     } else if func == l.sequential_forward {
-        sequential(l, slf, input)
+        sequential(l, slf, input, entry)
     } else {
         None
     }
+}
+
+/// The cached reads of `kind` on a just-validated entry.
+#[inline(always)]
+unsafe fn cached(
+    entry: *mut Entry,
+    kind: LeafKind,
+) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+    if entry.is_null() {
+        return None;
+    }
+    (*entry).leaf.get(kind)
+}
+
+/// Does `obj.<name>` resolve through fastmodule's `tp_getattro` with no class
+/// attribute and no instance attribute of that name, so that it is exactly
+/// `nn.Module.__getattr__`'s registry lookup?
+#[inline(always)]
+unsafe fn registry_only(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> bool {
+    crate::slots::is_fn!(
+        (*tp).tp_getattro,
+        crate::attr::module_getattro as ffi::getattrofunc
+    ) && crate::ffi_ext::_PyType_Lookup(tp, name).is_null()
+        && ffi::PyDict_Contains(dict, name) == 0
+}
+
+/// `self.<name>` remembered on the call cache entry when it is a plain
+/// instance attribute (no class attribute of that name, fastmodule's
+/// `tp_getattro`).
+unsafe fn remember_plain(
+    slf: *mut ffi::PyObject,
+    entry: *mut Entry,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+    kind: LeafKind,
+) {
+    if entry.is_null() {
+        return;
+    }
+    let tp = ffi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    if dict.is_null()
+        || !crate::slots::is_fn!(
+            (*tp).tp_getattro,
+            crate::attr::module_getattro as ffi::getattrofunc
+        )
+        || !crate::ffi_ext::_PyType_Lookup(tp, name).is_null()
+    {
+        return;
+    }
+    let v = ffi::PyDict_GetItemWithError(dict, name);
+    if v != value {
+        ffi::PyErr_Clear();
+        return;
+    }
+    let leaf = Leaf {
+        kind,
+        reg: std::ptr::null_mut(),
+        reg_version: 0,
+        a: value,
+        b: std::ptr::null_mut(),
+    };
+    set_leaf(entry, dict, leaf);
+}
+
+/// `self.weight`/`self.bias` of a Linear, remembered on the call cache entry
+/// when both come straight from an exact `_parameters` dict.
+unsafe fn remember_linear(
+    l: &Leaves,
+    slf: *mut ffi::PyObject,
+    entry: *mut Entry,
+    w: *mut ffi::PyObject,
+    b: *mut ffi::PyObject,
+) {
+    if entry.is_null() {
+        return;
+    }
+    let n = &l.names;
+    let tp = ffi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    if dict.is_null() || !registry_only(tp, dict, n.weight) || !registry_only(tp, dict, n.bias) {
+        return;
+    }
+    let reg = match plain_attr(tp, dict, n.parameters) {
+        Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
+        Plain::Error => {
+            ffi::PyErr_Clear();
+            return;
+        }
+        _ => return,
+    };
+    if ffi::PyDict_GetItemWithError(reg, n.weight) != w
+        || ffi::PyDict_GetItemWithError(reg, n.bias) != b
+    {
+        ffi::PyErr_Clear();
+        return;
+    }
+    let leaf = Leaf {
+        kind: LeafKind::Linear,
+        reg,
+        reg_version: dict_version(reg),
+        a: w,
+        b,
+    };
+    set_leaf(entry, dict, leaf);
 }
 
 /// `F.linear(input, self.weight, self.bias)`.
@@ -141,10 +287,25 @@ unsafe fn linear(
     l: &Leaves,
     slf: *mut ffi::PyObject,
     input: *mut ffi::PyObject,
+    entry: *mut Entry,
 ) -> Option<*mut ffi::PyObject> {
     let n = &l.names;
-    if !is(l.linear_globals, n.f, l.functional) || !is(l.functional_dict, n.linear, l.f_linear) {
+    let ok = LINEAR_GLOBALS.pass([l.linear_globals, l.functional_dict], || {
+        is(l.linear_globals, n.f, l.functional) && is(l.functional_dict, n.linear, l.f_linear)
+    });
+    if !ok {
         return None;
+    }
+    if let Some((weight, bias)) = cached(entry, LeafKind::Linear) {
+        // Borrowed from the unchanged `_parameters`; held across the call as
+        // torch's frame would hold them.
+        ffi::Py_INCREF(weight);
+        ffi::Py_INCREF(bias);
+        let args = [input, weight, bias];
+        let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
+        ffi::Py_DECREF(weight);
+        ffi::Py_DECREF(bias);
+        return Some(r);
     }
     let weight = ffi::PyObject_GetAttr(slf, n.weight);
     if weight.is_null() {
@@ -155,6 +316,7 @@ unsafe fn linear(
         ffi::Py_DECREF(weight);
         return Some(bias);
     }
+    remember_linear(l, slf, entry, weight, bias);
     let args = [input, weight, bias];
     let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
     ffi::Py_DECREF(weight);
@@ -167,21 +329,40 @@ unsafe fn relu(
     l: &Leaves,
     slf: *mut ffi::PyObject,
     input: *mut ffi::PyObject,
+    entry: *mut Entry,
 ) -> Option<*mut ffi::PyObject> {
     let n = &l.names;
-    if !is(l.activation_globals, n.f, l.functional)
-        || !is(l.functional_dict, n.relu, l.f_relu)
-        || !is(l.f_relu_globals, n.has_tf_unary, l.has_torch_function_unary)
-        || !is(l.f_relu_globals, n.torch, l.torch)
-        || !is(l.torch_dict, n.relu, l.torch_relu)
-        || !is(l.torch_dict, n.relu_, l.torch_relu_)
-    {
+    let dicts = [
+        l.activation_globals,
+        l.functional_dict,
+        l.f_relu_globals,
+        l.torch_dict,
+    ];
+    let ok = RELU_GLOBALS.pass(dicts, || {
+        is(l.activation_globals, n.f, l.functional)
+            && is(l.functional_dict, n.relu, l.f_relu)
+            && is(l.f_relu_globals, n.has_tf_unary, l.has_torch_function_unary)
+            && is(l.f_relu_globals, n.torch, l.torch)
+            && is(l.torch_dict, n.relu, l.torch_relu)
+            && is(l.torch_dict, n.relu_, l.torch_relu_)
+    });
+    if !ok {
         return None;
     }
-    let inplace = ffi::PyObject_GetAttr(slf, n.inplace);
-    if inplace.is_null() {
-        return Some(inplace);
-    }
+    let inplace = match cached(entry, LeafKind::Relu) {
+        Some((v, _)) => {
+            ffi::Py_INCREF(v);
+            v
+        }
+        None => {
+            let v = ffi::PyObject_GetAttr(slf, n.inplace);
+            if v.is_null() {
+                return Some(v);
+            }
+            remember_plain(slf, entry, n.inplace, v, LeafKind::Relu);
+            v
+        }
+    };
     let r = relu_body(l, input, inplace);
     ffi::Py_DECREF(inplace);
     Some(r)
@@ -225,22 +406,46 @@ unsafe fn sequential(
     l: &Leaves,
     slf: *mut ffi::PyObject,
     input: *mut ffi::PyObject,
+    entry: *mut Entry,
 ) -> Option<*mut ffi::PyObject> {
-    let tp = ffi::Py_TYPE(slf);
-    if crate::ffi_ext::_PyType_Lookup(tp, l.names.iter) != l.sequential_iter {
-        return None;
-    }
-    let modules = match plain_attr(tp, instance_dict(slf), l.names.modules) {
-        Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
-        Plain::Error => return Some(std::ptr::null_mut()),
-        _ => return None,
+    // The class (`__iter__`) and the instance dict (`_modules`) are what the
+    // entry was validated against.
+    let modules = match cached(entry, LeafKind::Sequential) {
+        Some((d, _)) => d,
+        None => {
+            let tp = ffi::Py_TYPE(slf);
+            if crate::ffi_ext::_PyType_Lookup(tp, l.names.iter) != l.sequential_iter {
+                return None;
+            }
+            let dict = instance_dict(slf);
+            let d = match plain_attr(tp, dict, l.names.modules) {
+                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
+                Plain::Error => return Some(std::ptr::null_mut()),
+                _ => return None,
+            };
+            if !entry.is_null() && !dict.is_null() {
+                let leaf = Leaf {
+                    kind: LeafKind::Sequential,
+                    reg: std::ptr::null_mut(),
+                    reg_version: 0,
+                    a: d,
+                    b: std::ptr::null_mut(),
+                };
+                set_leaf(entry, dict, leaf);
+            }
+            d
+        }
     };
+    // Held for the loop, as torch's frame holds `self._modules`.
+    ffi::Py_INCREF(modules);
     // Nested containers recurse natively: count them as torch's frames would.
     if ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) != 0 {
+        ffi::Py_DECREF(modules);
         return Some(std::ptr::null_mut());
     }
     let r = sequential_loop(modules, input);
     ffi::Py_LeaveRecursiveCall();
+    ffi::Py_DECREF(modules);
     Some(r)
 }
 
@@ -255,7 +460,7 @@ unsafe fn sequential_loop(
     loop {
         match items.next(py) {
             Ok(Some((_, module))) => {
-                let r = ffi::PyObject_CallOneArg(module.as_ptr(), x.as_ptr());
+                let r = crate::call::call_one(module.as_ptr(), x.as_ptr());
                 if r.is_null() {
                     return r;
                 }

@@ -1552,6 +1552,73 @@ def test_layer_forwards_under_modes_patches_and_bad_calls(accel: Accel[Any]) -> 
     compare(build, scenario, accel)
 
 
+def test_layer_reads_follow_every_change_after_warm_calls(accel: Accel[Any]) -> None:
+    """The native layers remember what they read (``weight``/``bias``, ``inplace``,
+    ``_modules``, the functionals) between calls; each change below, made after
+    repeated calls, must be seen by the very next call as stock sees it."""
+
+    def build() -> nn.Module:
+        # Enough modules that cache slots are shared between several of them.
+        body = [nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(300)]
+        return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), *body)
+
+    def scenario(m: nn.Module) -> Any:
+        x = x_in(2, 3)
+        out: list[Any] = []
+
+        def warm() -> None:
+            for _ in range(3):
+                out.append(m(x))
+
+        lin, relu, inner = m[0], m[1], m[2]
+        warm()
+        lin.weight = nn.Parameter(torch.full((4, 3), 0.5))  # rebinds _parameters['weight']
+        warm()
+        lin._parameters["bias"] = nn.Parameter(torch.full((4,), -0.25))  # the dict itself
+        warm()
+        with torch.no_grad():
+            lin.weight.mul_(2)  # same object, new values
+        warm()
+        lin.__dict__["bias"] = torch.ones(4)  # an instance attribute shadows the registry
+        warm()
+        del lin.__dict__["bias"]
+        warm()
+        relu.inplace = True
+        warm()
+        relu.inplace = False
+        warm()
+        inner.append(nn.Identity())  # the same _modules dict grows
+        warm()
+        inner._modules = {"0": inner[0]}  # a new registry object
+        warm()
+        del inner._modules["0"]
+        warm()
+        type(relu).extra = 1  # a class change
+        warm()
+        del type(relu).extra
+        for name, fn in [
+            ("linear", lambda i, w, b=None: i @ w.T + 1000),
+            ("relu", lambda i, inplace=False: i - 5),
+        ]:
+            original = getattr(F, name)
+            setattr(F, name, fn)
+            try:
+                warm()
+            finally:
+                setattr(F, name, original)
+            warm()
+        torch_relu = torch.relu
+        torch.relu = lambda i: i * 0 + 7  # type: ignore[assignment]
+        try:
+            warm()
+        finally:
+            torch.relu = torch_relu
+        warm()
+        return out
+
+    compare(build, scenario, accel)
+
+
 def test_plain_module_instances_leave_nn_module_untouched() -> None:
     """A tree of bare ``nn.Module()`` containers accelerates ``nn.Module`` itself in
     place; its slots stay CPython's (classes inherit them), and restoring leaves no
