@@ -193,7 +193,14 @@ impl Hasher for AddressHasher {
 
 type Addresses = HashSet<usize, BuildHasherDefault<AddressHasher>>;
 
+/// How many identities a memo keeps inline (a linear scan) before it needs a
+/// hash set: most modules have a handful of children, and a walk builds one
+/// memo per module.
+const INLINE: usize = 8;
+
 pub enum Memo {
+    /// Up to `INLINE` objects, kept alive so an address is never reused.
+    Small(usize, [Option<Py<PyAny>>; INLINE]),
     /// Addresses, with the objects kept alive so an address is never reused.
     Identity(Addresses, Vec<Py<PyAny>>),
     Set(Py<PySet>),
@@ -203,17 +210,26 @@ pub enum Memo {
 
 impl Memo {
     pub fn new() -> Memo {
-        Memo::Identity(Addresses::default(), Vec::new())
+        Memo::Small(0, Default::default())
     }
 
     pub fn from_object(o: Bound<'_, PyAny>) -> Memo {
         Memo::Object(o.unbind())
     }
 
+    /// The objects an identity memo holds, in insertion order.
+    fn held(&self) -> Vec<&Py<PyAny>> {
+        match self {
+            Memo::Small(n, objs) => objs[..*n].iter().flatten().collect(),
+            Memo::Identity(_, objs) => objs.iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+
     fn make_set(&mut self, py: Python<'_>) -> PyResult<()> {
-        if let Memo::Identity(_, objs) = self {
+        if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
             let s = PySet::empty(py)?;
-            for o in objs.iter() {
+            for o in self.held() {
                 s.add(o.bind(py))?;
             }
             *self = Memo::Set(s.unbind());
@@ -224,26 +240,52 @@ impl Memo {
     /// `obj in memo`.
     pub fn contains(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         let py = obj.py();
-        if let Memo::Identity(set, _) = self {
+        if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
             if unsafe { identity_hashed(obj.as_ptr()) } {
-                return Ok(set.contains(&(obj.as_ptr() as usize)));
+                let p = obj.as_ptr();
+                return Ok(match self {
+                    Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
+                    Memo::Identity(set, _) => set.contains(&(p as usize)),
+                    _ => false,
+                });
             }
             self.make_set(py)?;
         }
         match self {
             Memo::Set(s) => s.bind(py).contains(obj),
             Memo::Object(o) => o.bind(py).contains(obj),
-            Memo::Identity(..) => Ok(false),
+            _ => Ok(false),
         }
     }
 
     /// `memo.add(obj)`.
     pub fn add(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = obj.py();
-        if let Memo::Identity(set, objs) = self {
+        if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
             if unsafe { identity_hashed(obj.as_ptr()) } {
-                if set.insert(obj.as_ptr() as usize) {
-                    objs.push(obj.clone().unbind());
+                let p = obj.as_ptr();
+                if let Memo::Small(n, objs) = self {
+                    if objs[..*n].iter().flatten().any(|o| o.as_ptr() == p) {
+                        return Ok(());
+                    }
+                    if *n < INLINE {
+                        objs[*n] = Some(obj.clone().unbind());
+                        *n += 1;
+                        return Ok(());
+                    }
+                    // Full: move to a hash set.
+                    let mut set = Addresses::default();
+                    let mut held = Vec::with_capacity(4 * INLINE);
+                    for o in objs.iter_mut().filter_map(Option::take) {
+                        set.insert(o.as_ptr() as usize);
+                        held.push(o);
+                    }
+                    *self = Memo::Identity(set, held);
+                }
+                if let Memo::Identity(set, objs) = self {
+                    if set.insert(p as usize) {
+                        objs.push(obj.clone().unbind());
+                    }
                 }
                 return Ok(());
             }
@@ -255,7 +297,7 @@ impl Memo {
                 .bind(py)
                 .call_method1(intern!(py, "add"), (obj,))
                 .map(|_| ()),
-            Memo::Identity(..) => Ok(()),
+            _ => Ok(()),
         }
     }
 
@@ -265,12 +307,18 @@ impl Memo {
         match self {
             Memo::Set(s) => Ok(s.bind(py).clone().into_any()),
             Memo::Object(o) => Ok(o.bind(py).clone()),
-            Memo::Identity(..) => Ok(PySet::empty(py)?.into_any()),
+            _ => Ok(PySet::empty(py)?.into_any()),
         }
     }
 
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
+            Memo::Small(n, objs) => {
+                for o in objs[..*n].iter().flatten() {
+                    visit.call(o)?;
+                }
+                Ok(())
+            }
             Memo::Identity(_, objs) => {
                 for o in objs {
                     visit.call(o)?;

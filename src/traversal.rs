@@ -181,7 +181,16 @@ pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
     m: Method,
     args: A,
 ) -> PyResult<Bound<'py, PyAny>> {
-    obj.call_method1(PyString::intern(obj.py(), m.name()), args)
+    let py = obj.py();
+    match entry(m) {
+        // The table's interned name: no string built per call.
+        Some(e) => {
+            let name =
+                unsafe { Bound::from_borrowed_ptr(py, e.name).cast_into_unchecked::<PyString>() };
+            obj.call_method1(name, args)
+        }
+        None => obj.call_method1(PyString::intern(py, m.name()), args),
+    }
 }
 
 /// `torch.nn.Module.<m>` as currently installed (for the wrappers' fallback).
@@ -200,6 +209,37 @@ fn pair<'py>(
         Ok(value)
     } else {
         Ok(PyTuple::new(py, [name, value])?.into_any())
+    }
+}
+
+/// `prefix + "." + name` with one concatenation per child, for a non-empty
+/// exact-str prefix and an exact-str name (`dotted` caches `prefix + "."`);
+/// None where `join`'s general rules apply.
+fn dotted_join<'py>(
+    py: Python<'py>,
+    dotted: &mut Option<Py<PyAny>>,
+    prefix: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyAny>,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    unsafe {
+        if ffi::PyUnicode_CheckExact(prefix.as_ptr()) == 0
+            || ffi::PyUnicode_CheckExact(name.as_ptr()) == 0
+            || ffi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0
+        {
+            return None;
+        }
+        if dotted.is_none() {
+            let d = ffi::PyUnicode_Concat(prefix.as_ptr(), intern!(py, ".").as_ptr());
+            match Bound::from_owned_ptr_or_err(py, d) {
+                Ok(d) => *dotted = Some(d.unbind()),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let d = dotted.as_ref()?.as_ptr();
+        Some(Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyUnicode_Concat(d, name.as_ptr()),
+        ))
     }
 }
 
@@ -226,6 +266,8 @@ enum State {
 struct Frame {
     module: Py<PyAny>,
     prefix: Py<PyAny>,
+    /// `prefix + "."`, built for the first child that needs it.
+    dotted: Option<Py<PyAny>>,
     state: State,
 }
 
@@ -259,6 +301,7 @@ impl NamedModules {
             stack: vec![Frame {
                 module: module.clone().unbind(),
                 prefix: prefix.clone().unbind(),
+                dotted: None,
                 state: State::Entry,
             }],
             memo,
@@ -318,9 +361,18 @@ impl NamedModules {
                     let native = is_native(g, &child, Method::NamedModules);
                     // Names are only observable through named_modules (or a
                     // delegate) or when building them could fail.
-                    let sub = match join(&prefix, &name, native && self.values)? {
-                        Some(s) => s,
-                        None => prefix,
+                    let skip = native && self.values;
+                    let joined = if skip {
+                        None
+                    } else {
+                        dotted_join(py, &mut top.dotted, &prefix, &name)
+                    };
+                    let sub = match joined {
+                        Some(s) => s?,
+                        None => match join(&prefix, &name, skip)? {
+                            Some(s) => s,
+                            None => prefix,
+                        },
                     };
                     if self.stack.len() as i64 >= unsafe { ffi::Py_GetRecursionLimit() } as i64 {
                         // torch's nested generators would exceed the limit here.
@@ -343,6 +395,7 @@ impl NamedModules {
                     self.stack.push(Frame {
                         module: child.unbind(),
                         prefix: sub.unbind(),
+                        dotted: None,
                         state,
                     });
                 }
@@ -395,6 +448,9 @@ impl NamedModules {
         for f in &self.stack {
             visit.call(&f.module)?;
             visit.call(&f.prefix)?;
+            if let Some(d) = &f.dotted {
+                visit.call(d)?;
+            }
             match &f.state {
                 State::Entry | State::Resume => {}
                 State::Items(i) => i.traverse(visit)?,
@@ -976,7 +1032,7 @@ fn set_training(
     module: &Bound<'_, PyAny>,
     mode: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let name = PyString::intern(py, "training");
+    let name = intern!(py, "training");
     unsafe {
         // torch's __setattr__ body runs natively for any module whose class
         // resolves it to torch's function (a bool is never a Parameter,
@@ -1120,21 +1176,21 @@ pub fn call_root<'py>(
             // The `_is_replica` warning is issued by the Python wrapper, so
             // that its stacklevel points at the caller as in torch.
             let set_to_none = arg(0)?;
-            let grad = PyString::intern(py, "grad");
+            let grad = intern!(py, "grad");
             for_each_parameter(py, g, module, |p| {
-                if p.getattr(&grad)?.is_none() {
+                if p.getattr(grad)?.is_none() {
                     return Ok(());
                 }
                 if set_to_none.is_truthy()? {
-                    p.setattr(&grad, py.None())?;
+                    p.setattr(grad, py.None())?;
                 } else {
-                    if !p.getattr(&grad)?.getattr(intern!(py, "grad_fn"))?.is_none() {
-                        p.getattr(&grad)?.call_method0(intern!(py, "detach_"))?;
+                    if !p.getattr(grad)?.getattr(intern!(py, "grad_fn"))?.is_none() {
+                        p.getattr(grad)?.call_method0(intern!(py, "detach_"))?;
                     } else {
-                        p.getattr(&grad)?
+                        p.getattr(grad)?
                             .call_method1(intern!(py, "requires_grad_"), (false,))?;
                     }
-                    p.getattr(&grad)?.call_method0(intern!(py, "zero_"))?;
+                    p.getattr(grad)?.call_method0(intern!(py, "zero_"))?;
                 }
                 Ok(())
             })?;
