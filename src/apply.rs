@@ -22,7 +22,7 @@
 //! exactly when the tensor already has the target dtype/device; the closure is
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
-use crate::ffi_ext::_PyType_Lookup;
+use crate::ffi_ext::type_lookup;
 use crate::items::Items;
 use crate::lookup::{instance_attr, truthy};
 use crate::state::Globals;
@@ -223,7 +223,7 @@ fn spec_of<'py>(
     // (and the properties read here) are torch's own.
     for (name, orig) in &cfg.tensor_methods {
         for tp in [g.tensor, g.parameter] {
-            if unsafe { _PyType_Lookup(tp, name.as_ptr()) } != orig.as_ptr() {
+            if unsafe { type_lookup(tp, name.as_ptr()) } != orig.as_ptr() {
                 return Ok(Spec::Unknown);
             }
         }

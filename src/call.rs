@@ -10,7 +10,7 @@
 //! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
 //! slot was reset by a patch of `nn.Module.__call__`, or when code calls
 //! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
-use crate::ffi_ext::{_PyType_Lookup, custom_eval_frame};
+use crate::ffi_ext::{custom_eval_frame, type_lookup};
 use crate::lookup::{call_with_self, hook_dict_len, instance_dict, plain_attr, Plain};
 use crate::state::{globals, Globals};
 use crate::tracing::is_tracing;
@@ -140,7 +140,7 @@ unsafe fn call_forward(
     hooks: &Hooks,
 ) -> *mut ffi::PyObject {
     let name = g.names.forward;
-    let descr = _PyType_Lookup(tp, name);
+    let descr = type_lookup(tp, name);
     let data_descr = !descr.is_null() && (*ffi::Py_TYPE(descr)).tp_descr_set.is_some();
     if !data_descr {
         let inst = ffi::PyDict_GetItemWithError(dict, name);

@@ -11,7 +11,7 @@
 //! identity (plain modules, torch tensors, whose `__hash__` is `id(self)`), so
 //! membership is exactly what a Python set would answer; the first object that
 //! could hash otherwise converts it to a real Python set.
-use crate::ffi_ext::_PyType_Lookup;
+use crate::ffi_ext::type_lookup;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -168,7 +168,7 @@ unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
     // torch tensors: __hash__ is torch's `return id(self)`; with unique hashes
     // a set never consults __eq__.
     match TENSOR_HASH.get() {
-        Some(&(h, name)) => _PyType_Lookup(tp, name as *mut ffi::PyObject) as usize == h,
+        Some(&(h, name)) => type_lookup(tp, name as *mut ffi::PyObject) as usize == h,
         None => false,
     }
 }

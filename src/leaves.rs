@@ -197,7 +197,7 @@ unsafe fn registry_only(
     crate::slots::is_fn!(
         (*tp).tp_getattro,
         crate::attr::module_getattro as ffi::getattrofunc
-    ) && crate::ffi_ext::_PyType_Lookup(tp, name).is_null()
+    ) && crate::ffi_ext::type_lookup(tp, name).is_null()
         && ffi::PyDict_Contains(dict, name) == 0
 }
 
@@ -221,7 +221,7 @@ unsafe fn remember_plain(
             (*tp).tp_getattro,
             crate::attr::module_getattro as ffi::getattrofunc
         )
-        || !crate::ffi_ext::_PyType_Lookup(tp, name).is_null()
+        || !crate::ffi_ext::type_lookup(tp, name).is_null()
     {
         return;
     }
@@ -414,7 +414,7 @@ unsafe fn sequential(
         Some((d, _)) => d,
         None => {
             let tp = ffi::Py_TYPE(slf);
-            if crate::ffi_ext::_PyType_Lookup(tp, l.names.iter) != l.sequential_iter {
+            if crate::ffi_ext::type_lookup(tp, l.names.iter) != l.sequential_iter {
                 return None;
             }
             let dict = instance_dict(slf);

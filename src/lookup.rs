@@ -1,7 +1,7 @@
 //! Small primitives shared by the slot implementations: instance `__dict__`
 //! access and "plain" attribute reads that follow `object.__getattribute__`
 //! exactly for the common case and report anything unusual to the caller.
-use crate::ffi_ext::{_PyObject_GetDictPtr, _PyType_Lookup};
+use crate::ffi_ext::{_PyObject_GetDictPtr, type_lookup};
 use pyo3::ffi;
 
 /// Outcome of reading an attribute that torch keeps in the instance `__dict__`.
@@ -32,7 +32,7 @@ pub unsafe fn plain_attr(
     dict: *mut ffi::PyObject,
     name: *mut ffi::PyObject,
 ) -> Plain {
-    let descr = _PyType_Lookup(tp, name);
+    let descr = type_lookup(tp, name);
     if !descr.is_null() {
         let dt = ffi::Py_TYPE(descr);
         if (*dt).tp_descr_get.is_some() || (*dt).tp_descr_set.is_some() {

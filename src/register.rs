@@ -10,7 +10,7 @@
 //! function, so partial work is never followed by a hand-over.
 use crate::attr::has_attr;
 use crate::errors::{raise, typename, Part};
-use crate::ffi_ext::_PyType_Lookup;
+use crate::ffi_ext::type_lookup;
 use crate::lookup::{dict_get, hook_dict_len, instance_dict, is_exact_dict, plain_attr, Plain};
 use crate::state::Globals;
 use pyo3::ffi;
@@ -35,7 +35,7 @@ enum Kind {
 unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
     let vt = ffi::Py_TYPE(value);
     // isinstance() consults __class__; only a truthful one allows type checks.
-    if _PyType_Lookup(vt, g.names.dunder_class) != g.orig.object_class {
+    if type_lookup(vt, g.names.dunder_class) != g.orig.object_class {
         return Kind::Unusual;
     }
     if ffi::PyType_IsSubtype(vt, g.parameter) != 0 {
@@ -622,7 +622,7 @@ pub unsafe fn native_method(
     name: *mut ffi::PyObject,
     orig: *mut ffi::PyObject,
 ) -> bool {
-    _PyType_Lookup(ffi::Py_TYPE(obj), name) == orig
+    type_lookup(ffi::Py_TYPE(obj), name) == orig
 }
 
 /// `self.register_parameter(name, value)` as stock dispatches it.

@@ -17,7 +17,7 @@
 //! `tp_setattro`. They are served through torch's function objects instead.
 use crate::attr::module_getattro;
 use crate::call::module_call;
-use crate::ffi_ext::_PyType_Lookup;
+use crate::ffi_ext::type_lookup;
 use crate::state::{require, Globals};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -46,7 +46,7 @@ unsafe fn resolves_to(
     name: *mut ffi::PyObject,
     want: *mut ffi::PyObject,
 ) -> bool {
-    _PyType_Lookup(tp, name) == want
+    type_lookup(tp, name) == want
 }
 
 #[inline(always)]

@@ -335,10 +335,9 @@ fn native_allowed<'py>(
         let tp = ffi::Py_TYPE(m);
         let lfsd = intern!(py, "_load_from_state_dict");
         let ses = intern!(py, "set_extra_state");
-        if crate::ffi_ext::_PyType_Lookup(tp, lfsd.as_ptr())
-            != ctx.cfg.load_from_state_dict.as_ptr()
-            || crate::ffi_ext::_PyType_Lookup(tp, ses.as_ptr()) != ctx.cfg.set_extra_state.as_ptr()
-            || crate::ffi_ext::_PyType_Lookup(tp, g.names.dunder_class) != g.orig.object_class
+        if crate::ffi_ext::type_lookup(tp, lfsd.as_ptr()) != ctx.cfg.load_from_state_dict.as_ptr()
+            || crate::ffi_ext::type_lookup(tp, ses.as_ptr()) != ctx.cfg.set_extra_state.as_ptr()
+            || crate::ffi_ext::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
         {
             return Ok(false);
         }
@@ -623,8 +622,8 @@ fn save_own<'py>(
     let overridden = unsafe {
         let tp = ffi::Py_TYPE(module.as_ptr());
         let name = intern!(py, "get_extra_state");
-        crate::ffi_ext::_PyType_Lookup(tp, g.names.dunder_class) != g.orig.object_class
-            || Some(crate::ffi_ext::_PyType_Lookup(tp, name.as_ptr()))
+        crate::ffi_ext::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+            || Some(crate::ffi_ext::type_lookup(tp, name.as_ptr()))
                 != original(Method::GetExtraState)
     };
     if overridden {

@@ -13,7 +13,7 @@
 //! replace. Eager walks recurse through `Py_EnterRecursiveCall`, so a
 //! pathologically deep tree raises RecursionError as in stock instead of
 //! overflowing the native stack.
-use crate::ffi_ext::_PyType_Lookup;
+use crate::ffi_ext::type_lookup;
 use crate::items::{join, Items, Memo};
 use crate::lookup::instance_dict;
 use crate::state::{require, Globals};
@@ -161,11 +161,11 @@ pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
 pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
     let Some(e) = entry(m) else { return false };
     unsafe {
-        let found = _PyType_Lookup(ffi::Py_TYPE(obj.as_ptr()), e.name);
+        let found = type_lookup(ffi::Py_TYPE(obj.as_ptr()), e.name);
         let ok = found == e.orig
             || (!e.wrapper.is_null()
                 && found == e.wrapper
-                && _PyType_Lookup(g.nn_module, e.name) == e.orig);
+                && type_lookup(g.nn_module, e.name) == e.orig);
         if !ok {
             return false;
         }
@@ -1038,7 +1038,7 @@ fn set_training(
         // resolves it to torch's function (a bool is never a Parameter,
         // Module or tensor).
         let tp = ffi::Py_TYPE(module.as_ptr());
-        if _PyType_Lookup(tp, g.names.dunder_setattr) == g.orig.setattr
+        if type_lookup(tp, g.names.dunder_setattr) == g.orig.setattr
             && crate::register::object_after_nn_module(g, tp)
         {
             return match crate::register::setattr_native(
@@ -1064,7 +1064,8 @@ fn train_body<'py>(
     mode: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let _depth = Depth::enter(py, Recursion::Routed)?;
-    if !mode.is_instance_of::<PyBool>() {
+    // bool cannot be subclassed: the exact check is isinstance(mode, bool).
+    if !mode.is_exact_instance_of::<PyBool>() {
         return Err(PyValueError::new_err(
             "training mode is expected to be boolean",
         ));
