@@ -258,34 +258,80 @@ impl Memo {
         }
     }
 
+    /// `obj in memo`, then `memo.add(obj)` if it was not and `add` is set:
+    /// true when it was already there. One hash for an identity memo; the
+    /// two calls, in that order, for any other.
+    pub fn seen_or_add(&mut self, obj: &Bound<'_, PyAny>, add: bool) -> PyResult<bool> {
+        if matches!(self, Memo::Small(..) | Memo::Identity(..))
+            && unsafe { identity_hashed(obj.as_ptr()) }
+        {
+            let p = obj.as_ptr();
+            if add {
+                if let Memo::Identity(set, objs) = self {
+                    // One probe: insert answers whether it was there.
+                    if set.insert(p as usize) {
+                        objs.push(obj.clone().unbind());
+                        return Ok(false);
+                    }
+                    return Ok(true);
+                }
+            }
+            let seen = match self {
+                Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
+                Memo::Identity(set, _) => set.contains(&(p as usize)),
+                _ => false,
+            };
+            if !seen && add {
+                self.add_identity(obj);
+            }
+            return Ok(seen);
+        }
+        if self.contains(obj)? {
+            return Ok(true);
+        }
+        if add {
+            self.add(obj)?;
+        }
+        Ok(false)
+    }
+
+    /// Add an identity-hashed object not yet in a `Small`/`Identity` memo.
+    fn add_identity(&mut self, obj: &Bound<'_, PyAny>) {
+        if let Memo::Small(n, objs) = self {
+            if *n < INLINE {
+                objs[*n] = Some(obj.clone().unbind());
+                *n += 1;
+                return;
+            }
+            // Full: move to a hash set.
+            let mut set = Addresses::with_capacity_and_hasher(16 * INLINE, Default::default());
+            let mut held = Vec::with_capacity(16 * INLINE);
+            for o in objs.iter_mut().filter_map(Option::take) {
+                set.insert(o.as_ptr() as usize);
+                held.push(o);
+            }
+            *self = Memo::Identity(set, held);
+        }
+        if let Memo::Identity(set, objs) = self {
+            if set.insert(obj.as_ptr() as usize) {
+                objs.push(obj.clone().unbind());
+            }
+        }
+    }
+
     /// `memo.add(obj)`.
     pub fn add(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = obj.py();
         if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
             if unsafe { identity_hashed(obj.as_ptr()) } {
                 let p = obj.as_ptr();
-                if let Memo::Small(n, objs) = self {
-                    if objs[..*n].iter().flatten().any(|o| o.as_ptr() == p) {
-                        return Ok(());
-                    }
-                    if *n < INLINE {
-                        objs[*n] = Some(obj.clone().unbind());
-                        *n += 1;
-                        return Ok(());
-                    }
-                    // Full: move to a hash set.
-                    let mut set = Addresses::default();
-                    let mut held = Vec::with_capacity(4 * INLINE);
-                    for o in objs.iter_mut().filter_map(Option::take) {
-                        set.insert(o.as_ptr() as usize);
-                        held.push(o);
-                    }
-                    *self = Memo::Identity(set, held);
-                }
-                if let Memo::Identity(set, objs) = self {
-                    if set.insert(p as usize) {
-                        objs.push(obj.clone().unbind());
-                    }
+                let seen = match self {
+                    Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
+                    Memo::Identity(set, _) => set.contains(&(p as usize)),
+                    _ => false,
+                };
+                if !seen {
+                    self.add_identity(obj);
                 }
                 return Ok(());
             }

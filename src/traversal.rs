@@ -334,12 +334,9 @@ impl NamedModules {
             match &mut top.state {
                 State::Entry => {
                     let module = top.module.bind(py).clone();
-                    if self.memo.contains(&module)? {
+                    if self.memo.seen_or_add(&module, self.rd)? {
                         self.stack.pop();
                         continue;
-                    }
-                    if self.rd {
-                        self.memo.add(&module)?;
                     }
                     let prefix = top.prefix.bind(py).clone();
                     top.state = State::Resume;
@@ -562,11 +559,8 @@ impl NamedMembers {
             if let Some((prefix, dotted, it)) = &mut self.current {
                 match it.next(py)? {
                     Some((k, v)) => {
-                        if v.is_none() || self.memo.contains(&v)? {
+                        if v.is_none() || self.memo.seen_or_add(&v, self.rd)? {
                             continue;
-                        }
-                        if self.rd {
-                            self.memo.add(&v)?;
                         }
                         if let Some(d) = dotted {
                             if unsafe { ffi::PyUnicode_CheckExact(k.as_ptr()) } != 0 {
@@ -686,10 +680,9 @@ impl NamedChildren {
             return Ok(None);
         };
         while let Some((name, child)) = it.next(py)? {
-            if child.is_none() || self.memo.contains(&child)? {
+            if child.is_none() || self.memo.seen_or_add(&child, true)? {
                 continue;
             }
-            self.memo.add(&child)?;
             return Ok(Some(pair(py, self.values, name, child)?));
         }
         Ok(None)
