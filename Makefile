@@ -12,7 +12,7 @@ find_py = $(shell for p in python$(1) $$HOME/.pyenv/versions/$(1).*/bin/python$(
 PY311 ?= $(call find_py,3.11)
 PY312 ?= $(call find_py,3.12)
 
-.PHONY: setup build-dev build-prod test bench lint wheels check-wheels clean
+.PHONY: setup build-dev build-prod test bench bench-instructions lint wheels check-wheels clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -36,6 +36,11 @@ test: build-prod
 
 bench: build-prod
 	$(VPY) -m fastmodule bench
+
+# Instruction counts (callgrind; needs valgrind and a C compiler): steady where
+# wall-clock times on a shared machine are not.
+bench-instructions: build-prod
+	$(VPY) benches/instructions.py mlp64_accelerated tree_train tree_parameters --loops 10
 
 bench-pytest: build-prod
 	$(VPY) -m pytest benches --benchmark-only -q
