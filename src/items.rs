@@ -66,17 +66,6 @@ impl Items {
         Ok(Items::Iter(it.unbind()))
     }
 
-    /// Iterating an exact dict (its items; callers may use the values only).
-    pub fn over_dict(d: &Bound<'_, PyAny>) -> Items {
-        let used = unsafe { ma_used(d.as_ptr()) };
-        Items::Dict {
-            dict: d.clone().unbind(),
-            pos: 0,
-            used,
-            left: used,
-        }
-    }
-
     pub fn next<'py>(
         &mut self,
         py: Python<'py>,

@@ -12,7 +12,6 @@
 //! (`fastmodule.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
 use crate::callcache::{dict_version, set_leaf, Entry, Leaf, LeafKind};
-use crate::items::Items;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -453,24 +452,44 @@ unsafe fn sequential_loop(
     modules: *mut ffi::PyObject,
     input: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    let py = Python::assume_attached();
-    let dict = Bound::from_borrowed_ptr(py, modules);
-    let mut items = Items::over_dict(&dict);
-    let mut x = Bound::from_borrowed_ptr(py, input);
+    // `iter(self._modules.values())` with the dict iterator's checks (those
+    // of `Items::next`), on borrowed pointers: each module is held only for
+    // its own call, as the iterator hands it over.
+    let used = (*(modules as *mut ffi::PyDictObject)).ma_used;
+    let mut pos: ffi::Py_ssize_t = 0;
+    let mut left = used;
+    ffi::Py_INCREF(input);
+    let mut x = input;
     loop {
-        match items.next(py) {
-            Ok(Some((_, module))) => {
-                let r = crate::call::call_one(module.as_ptr(), x.as_ptr());
-                if r.is_null() {
-                    return r;
-                }
-                x = Bound::from_owned_ptr(py, r);
-            }
-            Ok(None) => return x.into_ptr(),
-            Err(e) => {
-                e.restore(py);
-                return std::ptr::null_mut();
-            }
+        if (*(modules as *mut ffi::PyDictObject)).ma_used != used {
+            ffi::Py_DECREF(x);
+            ffi::PyErr_SetString(
+                ffi::PyExc_RuntimeError,
+                c"dictionary changed size during iteration".as_ptr(),
+            );
+            return std::ptr::null_mut();
         }
+        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+        if used == 0 || ffi::PyDict_Next(modules, &mut pos, &mut k, &mut v) == 0 {
+            return x;
+        }
+        if left == 0 {
+            ffi::Py_DECREF(x);
+            ffi::PyErr_SetString(
+                ffi::PyExc_RuntimeError,
+                c"dictionary keys changed during iteration".as_ptr(),
+            );
+            return std::ptr::null_mut();
+        }
+        left -= 1;
+        ffi::Py_INCREF(v);
+        let r = crate::call::call_one(v, x);
+        ffi::Py_DECREF(v);
+        ffi::Py_DECREF(x);
+        if r.is_null() {
+            return r;
+        }
+        x = r;
     }
 }

@@ -1619,6 +1619,45 @@ def test_layer_reads_follow_every_change_after_warm_calls(accel: Accel[Any]) -> 
     compare(build, scenario, accel)
 
 
+class Mutator(nn.Module):
+    """A layer that edits its parent Sequential while that Sequential iterates."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__()
+        self.action = action
+        self.parent: list[nn.Sequential] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = self.parent[0]
+        if self.action == "append":
+            seq.append(nn.ReLU())
+        elif self.action == "delete":
+            del seq[-1]
+        elif self.action == "replace":
+            seq[-1] = nn.Tanh()  # same size: the loop goes on with the new module
+        elif self.action == "raise":
+            raise ValueError("inside the loop")
+        return x + 1
+
+
+@pytest.mark.parametrize("action", ["append", "delete", "replace", "raise"])
+def test_sequential_edited_during_its_own_forward(accel: Accel[Any], action: str) -> None:
+    """Sequential.forward iterates its ``_modules`` values lazily: a child that edits
+    the container mid-loop gets stock's RuntimeError, or stock's result."""
+
+    def build() -> nn.Module:
+        mutator = Mutator(action)
+        seq = nn.Sequential(nn.Linear(3, 3), mutator, nn.Linear(3, 3), nn.ReLU())
+        mutator.parent.append(seq)
+        return seq
+
+    def scenario(m: nn.Module) -> Any:
+        x = x_in(2, 3)
+        return [outcome(lambda: m(x)), [type(c).__name__ for c in m]]
+
+    compare(build, scenario, accel)
+
+
 def test_plain_module_instances_leave_nn_module_untouched() -> None:
     """A tree of bare ``nn.Module()`` containers accelerates ``nn.Module`` itself in
     place; its slots stay CPython's (classes inherit them), and restoring leaves no
