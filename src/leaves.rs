@@ -193,11 +193,17 @@ unsafe fn registry_only(
     dict: *mut ffi::PyObject,
     name: *mut ffi::PyObject,
 ) -> bool {
+    own_getattro_no_class_attr(tp, name) && ffi::PyDict_Contains(dict, name) == 0
+}
+
+/// fastmodule's `tp_getattro`, and no class attribute `name`: `obj.<name>` is
+/// the instance attribute if there is one, else the registry lookup.
+#[inline(always)]
+unsafe fn own_getattro_no_class_attr(tp: *mut ffi::PyTypeObject, name: *mut ffi::PyObject) -> bool {
     crate::slots::is_fn!(
         (*tp).tp_getattro,
         crate::attr::module_getattro as ffi::getattrofunc
     ) && crate::ffi_ext::type_lookup(tp, name).is_null()
-        && ffi::PyDict_Contains(dict, name) == 0
 }
 
 /// `self.<name>` remembered on the call cache entry when it is a plain
@@ -215,13 +221,7 @@ unsafe fn remember_plain(
     }
     let tp = ffi::Py_TYPE(slf);
     let dict = instance_dict(slf);
-    if dict.is_null()
-        || !crate::slots::is_fn!(
-            (*tp).tp_getattro,
-            crate::attr::module_getattro as ffi::getattrofunc
-        )
-        || !crate::ffi_ext::type_lookup(tp, name).is_null()
-    {
+    if dict.is_null() || !own_getattro_no_class_attr(tp, name) {
         return;
     }
     let v = ffi::PyDict_GetItemWithError(dict, name);
@@ -295,27 +295,28 @@ unsafe fn linear(
     if !ok {
         return None;
     }
-    if let Some((weight, bias)) = cached(entry, LeafKind::Linear) {
+    let (weight, bias) = match cached(entry, LeafKind::Linear) {
         // Borrowed from the unchanged `_parameters`; held across the call as
         // torch's frame would hold them.
-        ffi::Py_INCREF(weight);
-        ffi::Py_INCREF(bias);
-        let args = [input, weight, bias];
-        let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
-        ffi::Py_DECREF(weight);
-        ffi::Py_DECREF(bias);
-        return Some(r);
-    }
-    let weight = ffi::PyObject_GetAttr(slf, n.weight);
-    if weight.is_null() {
-        return Some(weight);
-    }
-    let bias = ffi::PyObject_GetAttr(slf, n.bias);
-    if bias.is_null() {
-        ffi::Py_DECREF(weight);
-        return Some(bias);
-    }
-    remember_linear(l, slf, entry, weight, bias);
+        Some((w, b)) => {
+            ffi::Py_INCREF(w);
+            ffi::Py_INCREF(b);
+            (w, b)
+        }
+        None => {
+            let w = ffi::PyObject_GetAttr(slf, n.weight);
+            if w.is_null() {
+                return Some(w);
+            }
+            let b = ffi::PyObject_GetAttr(slf, n.bias);
+            if b.is_null() {
+                ffi::Py_DECREF(w);
+                return Some(b);
+            }
+            remember_linear(l, slf, entry, w, b);
+            (w, b)
+        }
+    };
     let args = [input, weight, bias];
     let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
     ffi::Py_DECREF(weight);
