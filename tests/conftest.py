@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
 
@@ -39,3 +41,27 @@ def state(m: torch.nn.Module) -> dict[str, Any]:
         "non_persistent": set(d["_non_persistent_buffers_set"]),
         "plain": {k: id(v) for k, v in plain.items()},
     }
+
+
+class LogFunctions(TorchFunctionMode):
+    """Records the name of every torch function called under it."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.log.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class LogOps(TorchDispatchMode):
+    """Records every aten op dispatched under it."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.log.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -33,12 +33,10 @@ import torch._dynamo
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
 from fastmodule import _core
-from tests.conftest import outcome
+from tests.conftest import LogFunctions, LogOps, outcome
 
 M = TypeVar("M", bound=nn.Module)
 Accel = Callable[[M], M]
@@ -1435,30 +1433,6 @@ def test_checkpointed_forward(accel: Accel[Any]) -> None:
         return y, x.grad, {k: p.grad for k, p in m.named_parameters()}
 
     compare(Checkpointed, scenario, accel)
-
-
-class LogFunctions(TorchFunctionMode):
-    """Records every torch function called under it."""
-
-    def __init__(self, log: list[Any]) -> None:
-        super().__init__()
-        self.log = log
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.log.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-class LogOps(TorchDispatchMode):
-    """Records every aten op dispatched under it."""
-
-    def __init__(self, log: list[Any]) -> None:
-        super().__init__()
-        self.log = log
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.log.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 class Logged(torch.Tensor):

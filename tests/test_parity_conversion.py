@@ -25,10 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parametrize, prune
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.conftest import BASES, outcome
+from tests.conftest import BASES, LogFunctions, LogOps, outcome
 
 Base = type[nn.Module]
 Path = tuple[str, ...]
@@ -1166,26 +1164,6 @@ def test_patched_torch_apply_runs(op: str) -> None:
     assert nn.Module.__dict__["_apply"].__name__ == "_apply"
 
 
-class Recorder(TorchFunctionMode):
-    def __init__(self, log: list[Any]) -> None:
-        super().__init__()
-        self.log = log
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.log.append(getattr(func, "__name__", repr(func)))
-        return func(*args, **(kwargs or {}))
-
-
-class DispatchRecorder(TorchDispatchMode):
-    def __init__(self, log: list[Any]) -> None:
-        super().__init__()
-        self.log = log
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.log.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 MODE_OPS: dict[str, Callable[[nn.Module], Any]] = {
     "float (no-op)": lambda m: m.float(),
     "to('cpu') (no-op)": lambda m: m.to("cpu"),
@@ -1205,7 +1183,7 @@ def test_modes_see_the_same_calls(op: str, mode: str) -> None:
         add_grads(root)
         before = Index(root)
         log: list[Any] = []
-        with Recorder(log) if mode == "function" else DispatchRecorder(log):
+        with LogFunctions(log) if mode == "function" else LogOps(log):
             r = outcome(lambda: before.label(MODE_OPS[op](root)))
         return r, log, describe(root, before)
 
