@@ -226,27 +226,6 @@ impl Memo {
         Ok(())
     }
 
-    /// `obj in memo`.
-    pub fn contains(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let py = obj.py();
-        if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
-            if unsafe { identity_hashed(obj.as_ptr()) } {
-                let p = obj.as_ptr();
-                return Ok(match self {
-                    Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
-                    Memo::Identity(set, _) => set.contains(&(p as usize)),
-                    _ => false,
-                });
-            }
-            self.make_set(py)?;
-        }
-        match self {
-            Memo::Set(s) => s.bind(py).contains(obj),
-            Memo::Object(o) => o.bind(py).contains(obj),
-            _ => Ok(false),
-        }
-    }
-
     /// `obj in memo`, then `memo.add(obj)` if it was not and `add` is set:
     /// true when it was already there. One hash for an identity memo; the
     /// two calls, in that order, for any other.
@@ -275,11 +254,20 @@ impl Memo {
             }
             return Ok(seen);
         }
-        if self.contains(obj)? {
+        // Anything that may hash otherwise: a real set (or the caller's memo),
+        // through `in` and `.add` as torch's code calls them.
+        let py = obj.py();
+        self.make_set(py)?;
+        let memo = match self {
+            Memo::Set(s) => s.bind(py).clone().into_any(),
+            Memo::Object(o) => o.bind(py).clone(),
+            _ => return Ok(false),
+        };
+        if memo.contains(obj)? {
             return Ok(true);
         }
         if add {
-            self.add(obj)?;
+            memo.call_method1(intern!(py, "add"), (obj,))?;
         }
         Ok(false)
     }
@@ -305,34 +293,6 @@ impl Memo {
             if set.insert(obj.as_ptr() as usize) {
                 objs.push(obj.clone().unbind());
             }
-        }
-    }
-
-    /// `memo.add(obj)`.
-    pub fn add(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = obj.py();
-        if matches!(self, Memo::Small(..) | Memo::Identity(..)) {
-            if unsafe { identity_hashed(obj.as_ptr()) } {
-                let p = obj.as_ptr();
-                let seen = match self {
-                    Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
-                    Memo::Identity(set, _) => set.contains(&(p as usize)),
-                    _ => false,
-                };
-                if !seen {
-                    self.add_identity(obj);
-                }
-                return Ok(());
-            }
-            self.make_set(py)?;
-        }
-        match self {
-            Memo::Set(s) => s.bind(py).add(obj),
-            Memo::Object(o) => o
-                .bind(py)
-                .call_method1(intern!(py, "add"), (obj,))
-                .map(|_| ()),
-            _ => Ok(()),
         }
     }
 
