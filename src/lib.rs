@@ -23,6 +23,7 @@ mod call;
 mod callcache;
 mod containers;
 mod errors;
+mod facts;
 mod ffi_ext;
 mod hooks;
 mod items;
@@ -49,6 +50,7 @@ use pyo3::types::PyType;
 fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
     state::init(py, fast_module)?;
     slots::capture_generic(state::require(py)?);
+    facts::init(state::require(py)?);
     tracing::init(libtorch_path);
     methods::install(py)?;
     slots::install_class(py, fast_module)?;

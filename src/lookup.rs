@@ -40,7 +40,7 @@ pub unsafe fn plain_attr(
         }
     }
     if !dict.is_null() {
-        let v = ffi::PyDict_GetItemWithError(dict, name);
+        let v = crate::facts::dict_get(tp, dict, name);
         if !v.is_null() {
             return Plain::Found(v);
         }

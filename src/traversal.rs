@@ -161,7 +161,12 @@ pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
 pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
     let Some(e) = entry(m) else { return false };
     unsafe {
-        let found = type_lookup(ffi::Py_TYPE(obj.as_ptr()), e.name);
+        let tp = ffi::Py_TYPE(obj.as_ptr());
+        let d = instance_dict(obj.as_ptr());
+        if !d.is_null() && crate::facts::known_native(tp, d, m as u32) {
+            return true;
+        }
+        let found = type_lookup(tp, e.name);
         let ok = found == e.orig
             || (!e.wrapper.is_null()
                 && found == e.wrapper
@@ -170,8 +175,15 @@ pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
             return false;
         }
         // An instance attribute of that name would shadow the method.
-        let d = instance_dict(obj.as_ptr());
-        d.is_null() || ffi::PyDict_Contains(d, e.name) == 0
+        if d.is_null() {
+            return true;
+        }
+        let version = crate::callcache::dict_version(d);
+        if ffi::PyDict_Contains(d, e.name) != 0 {
+            return false;
+        }
+        crate::facts::note_native(tp, d, m as u32, version);
+        true
     }
 }
 
@@ -1034,13 +1046,33 @@ fn set_training(
         if type_lookup(tp, g.names.dunder_setattr) == g.orig.setattr
             && crate::register::object_after_nn_module(g, tp)
         {
+            let dict = instance_dict(module.as_ptr());
+            if !dict.is_null() {
+                match crate::facts::set_training(
+                    module.as_ptr(),
+                    tp,
+                    dict,
+                    name.as_ptr(),
+                    mode.as_ptr(),
+                ) {
+                    Some(Ok(())) => return Ok(()),
+                    Some(Err(())) => return Err(PyErr::fetch(py)),
+                    None => {}
+                }
+            }
             return match crate::register::setattr_native(
                 g,
                 module.as_ptr(),
                 name.as_ptr(),
                 mode.as_ptr(),
             ) {
-                crate::register::Outcome::Done => Ok(()),
+                crate::register::Outcome::Done => {
+                    let dict = instance_dict(module.as_ptr());
+                    if !dict.is_null() {
+                        crate::facts::note_training(g, tp, dict, name.as_ptr());
+                    }
+                    Ok(())
+                }
                 crate::register::Outcome::Error => Err(PyErr::fetch(py)),
                 crate::register::Outcome::Stock => module.setattr(name, mode),
             };

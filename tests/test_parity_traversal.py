@@ -281,6 +281,93 @@ def test_iterators_are_generators(base: Base) -> None:
         assert type(getattr(root, meth)()).__name__ == "generator", meth
 
 
+def test_walks_follow_every_change_after_warm_calls() -> None:
+    """The walks remember, per module, what they read from its ``__dict__`` and class
+    (registries, whether a method is shadowed, the ``training`` value); each change below,
+    made after repeated walks, must be seen by the very next walk as stock sees it."""
+
+    def sc(b: Base) -> Any:
+        Leaf, Node = sample_classes(b)
+        torch.manual_seed(0)
+        root = Node()
+        for i in range(40):
+            node = Node()
+            node.leaf = Leaf()
+            node.lin = nn.Linear(2, 2)
+            root.add_module(f"n{i}", node)
+        ix = Index(root)
+        leaf, lin, node = root.n3.leaf, root.n5.lin, root.n7
+        log: list[Any] = []
+        out: list[Any] = []
+
+        def check(tag: str) -> None:
+            for mode in (True, True, False, False, True):
+                r = outcome(lambda mode=mode: ix.label(root.train(mode)))
+                out.append((tag, "train", mode, r, [m.training for m in ix.modules]))
+            out.append((tag, "eval", outcome(lambda: ix.label(root.eval()))))
+            out.append((tag, "flags", [m.training for m in ix.modules]))
+            for meth in ("named_modules", "named_parameters", "named_buffers", "children"):
+                for _ in range(2):
+                    out.append(
+                        (tag, meth, outcome(lambda meth=meth: ix.items(getattr(root, meth)())))
+                    )
+            out.append((tag, "log", list(log)))
+            del log[:]
+            out.append((tag, "reset", outcome(lambda: ix.label(root.train()))))
+
+        check("warm")
+        leaf.__dict__["train"] = lambda mode=True: log.append(("inst train", mode)) or leaf
+        check("instance train")
+        del leaf.__dict__["train"]
+        check("instance train removed")
+        node.__dict__["children"] = lambda: iter([lin])
+        node.__dict__["named_modules"] = lambda *a, **k: iter([("own", node)])
+        check("instance children/named_modules")
+        del node.__dict__["children"], node.__dict__["named_modules"]
+        check("removed")
+        type(leaf).train = lambda self, mode=True: log.append(("class train", mode)) or self
+        check("class train")
+        del type(leaf).train
+        check("class train removed")
+        for reg in ("_parameters", "_buffers", "_modules"):
+            getattr(leaf, reg)["training"] = None
+            check(f"training in {reg}")
+            del getattr(leaf, reg)["training"]
+            check(f"training out of {reg}")
+        leaf.__dict__["training"] = 1
+        check("non-bool training")
+        type(leaf).training = property(
+            lambda self: self.__dict__.get("training"),
+            lambda self, v: log.append(("training setter", v)),
+        )
+        check("training property")
+        del type(leaf).training
+        check("training property removed")
+        leaf.__dict__["_parameters"] = {"fresh": nn.Parameter(torch.ones(1))}
+        check("new _parameters dict")
+        leaf._parameters["more"] = nn.Parameter(torch.zeros(1))
+        check("_parameters grows")
+        node.__dict__["_modules"] = {"only": lin}
+        check("new _modules dict")
+        del node.__dict__["_modules"]
+        check("no _modules")
+        node.__dict__["_modules"] = {}
+        lin.__class__ = type("Other", (nn.Linear,), {})
+        check("class changed")
+        original = nn.Module.train
+        nn.Module.train = lambda self, mode=True: log.append(("patched", mode)) or self  # type: ignore[method-assign]
+        try:
+            check("torch's train patched")
+        finally:
+            nn.Module.train = original  # type: ignore[method-assign]
+        check("torch's train restored")
+        return out
+
+    stock, fast = both(sc)
+    assert stock[0] == "ok"
+    assert fast == stock
+
+
 # --------------------------------------------------------------------------- laziness
 
 LAZY_CALLS = [
