@@ -24,7 +24,7 @@
 //! observable.
 use crate::ffi_ext::type_lookup;
 use crate::items::Items;
-use crate::lookup::{instance_attr, truthy};
+use crate::lookup::{data_attr, instance_attr, truthy};
 use crate::state::Globals;
 use crate::traversal::{call_method, for_each_child, is_native, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
@@ -169,15 +169,15 @@ impl<'py> Ctx<'py> {
         match &self.spec {
             Spec::Unknown => Ok(false),
             Spec::FloatType(target) => {
-                let dt = t.getattr(intern!(py, "dtype"))?;
+                let dt = data_attr(t, intern!(py, "dtype"))?;
                 Ok(dt.is(target) || !truthy(dt.getattr(intern!(py, "is_floating_point")))?)
             }
-            Spec::Cpu => truthy(t.getattr(intern!(py, "is_cpu"))),
+            Spec::Cpu => truthy(data_attr(t, intern!(py, "is_cpu"))),
             Spec::To { device, dtype } => {
                 let device_ok = match device {
                     Device::Any => true,
-                    Device::Cpu => truthy(t.getattr(intern!(py, "is_cpu")))?,
-                    Device::Exact(d) => t.getattr(intern!(py, "device"))?.eq(d)?,
+                    Device::Cpu => truthy(data_attr(t, intern!(py, "is_cpu")))?,
+                    Device::Exact(d) => data_attr(t, intern!(py, "device"))?.eq(d)?,
                 };
                 if !device_ok {
                     return Ok(false);
@@ -185,7 +185,7 @@ impl<'py> Ctx<'py> {
                 match dtype {
                     None => Ok(true),
                     Some(target) => {
-                        let dt = t.getattr(intern!(py, "dtype"))?;
+                        let dt = data_attr(t, intern!(py, "dtype"))?;
                         Ok(dt.is(target) || !is_float_or_complex(&dt)?)
                     }
                 }
@@ -382,7 +382,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
     if swap || overwrite {
         return delegate(py, ctx, module);
     }
-    let (Some(_), Some(_)) = (
+    let (Some(params), Some(_)) = (
         registry(module, intern!(py, "_parameters"))?,
         registry(module, intern!(py, "_buffers"))?,
     ) else {
@@ -394,7 +394,9 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
     let tensor_like = |t: &Bound<'py, PyAny>| exact(t, g.tensor) || exact(t, g.parameter);
     // Calls of `fn` torch's code would have made so far in this module.
     let mut calls = 0usize;
-    let mut it = Items::of(module, intern!(py, "_parameters"))?;
+    // The exact dict just read is what `self._parameters.items()` iterates
+    // (nothing ran in between).
+    let mut it = Items::of_dict(&params);
     while let Some((_, p)) = it.next(py)? {
         if p.is_none() {
             continue;
@@ -405,7 +407,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
             return resume(py, ctx, module, calls, None);
         }
         if known {
-            let grad = p.getattr(grad_name)?;
+            let grad = data_attr(&p, grad_name)?;
             if !grad.is_none() && !exact(&grad, g.tensor) {
                 return resume(py, ctx, module, calls, None);
             }
@@ -416,7 +418,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
         }
         let applied = ctx.call_no_grad(py, &p)?;
         calls += 1;
-        let grad = p.getattr(grad_name)?;
+        let grad = data_attr(&p, grad_name)?;
         if !(known && applied.is(&p)) {
             if tensor_like(&applied) && ctx.compatible(py, &p, &applied)? {
                 p.setattr(data, &applied)?;
@@ -436,7 +438,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
             continue;
         }
         if tensor_like(&grad_applied) && ctx.compatible(py, &grad, &grad_applied)? {
-            let current = p.getattr(grad_name)?;
+            let current = data_attr(&p, grad_name)?;
             if current.is_none() {
                 return Err(PyAssertionError::new_err("out_param.grad must not be None"));
             }

@@ -20,8 +20,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PySet, PyString};
 use pyo3::PyTraverseError;
 use pyo3::PyVisit;
-use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
 pub enum Items {
@@ -64,6 +62,17 @@ impl Items {
             .call_method0(intern!(py, "items"))?
             .try_iter()?;
         Ok(Items::Iter(it.unbind()))
+    }
+
+    /// `d.items()` for an exact dict `d` already read from the module.
+    pub fn of_dict(d: &Bound<'_, PyAny>) -> Items {
+        let used = unsafe { ma_used(d.as_ptr()) };
+        Items::Dict {
+            dict: d.clone().unbind(),
+            pos: 0,
+            used,
+            left: used,
+        }
     }
 
     pub fn next<'py>(
@@ -145,9 +154,34 @@ fn same_fn<F: Copy + PartialEq>(a: Option<F>, b: Option<F>) -> bool {
     a == b
 }
 
-/// Does `obj` hash and compare by identity in a set?
+/// Does `obj` hash and compare by identity in a set? Answered per class and
+/// remembered while the class's `tp_version_tag` is unchanged (assigning
+/// `__hash__`/`__eq__` on it or a base resets the tag).
+#[inline(always)]
 unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(obj);
+    let version = (*tp).tp_version_tag;
+    let slot = &mut (*HASH_KIND.0.get())[((tp as usize) >> 4) & (HASH_KINDS - 1)];
+    if version != 0 && slot.0 == tp && slot.1 == version {
+        return slot.2;
+    }
+    let answer = identity_hashed_uncached(tp);
+    let version = (*tp).tp_version_tag;
+    if version != 0 {
+        *slot = (tp, version, answer);
+    }
+    answer
+}
+
+const HASH_KINDS: usize = 64;
+struct HashKinds(std::cell::UnsafeCell<[(*mut ffi::PyTypeObject, u32, bool); HASH_KINDS]>);
+// SAFETY: read and written only with the GIL held.
+unsafe impl Sync for HashKinds {}
+static HASH_KIND: HashKinds = HashKinds(std::cell::UnsafeCell::new(
+    [(std::ptr::null_mut(), 0, false); HASH_KINDS],
+));
+
+unsafe fn identity_hashed_uncached(tp: *mut ffi::PyTypeObject) -> bool {
     let base = std::ptr::addr_of_mut!(ffi::PyBaseObject_Type);
     if same_fn((*tp).tp_hash, (*base).tp_hash)
         && same_fn((*tp).tp_richcompare, (*base).tp_richcompare)
@@ -166,7 +200,7 @@ unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
 #[derive(Default)]
 pub struct AddressHasher(u64);
 
-impl Hasher for AddressHasher {
+impl std::hash::Hasher for AddressHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -180,7 +214,81 @@ impl Hasher for AddressHasher {
     }
 }
 
-type Addresses = HashSet<usize, BuildHasherDefault<AddressHasher>>;
+/// A set of object addresses: open addressing with linear probing, at most
+/// half full (0 marks an empty slot; object addresses are never 0).
+pub struct Addresses {
+    slots: Vec<usize>,
+    len: usize,
+    /// The size to grow to the first time the table fills (then doubling).
+    jump: usize,
+}
+
+impl Addresses {
+    fn with_capacity(n: usize, expected: usize) -> Addresses {
+        let size = (n.max(8) * 2).next_power_of_two();
+        Addresses {
+            slots: vec![0; size],
+            len: 0,
+            jump: (expected.max(n) * 2).next_power_of_two(),
+        }
+    }
+
+    #[inline(always)]
+    fn start(&self, a: usize) -> usize {
+        let h = ((a as u64) >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> 32) as usize & (self.slots.len() - 1)
+    }
+
+    #[inline(always)]
+    fn contains(&self, a: usize) -> bool {
+        let mask = self.slots.len() - 1;
+        let mut i = self.start(a);
+        loop {
+            match self.slots[i] {
+                0 => return false,
+                x if x == a => return true,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Add `a`; false when it was already there.
+    #[inline(always)]
+    fn insert(&mut self, a: usize) -> bool {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.start(a);
+        loop {
+            match self.slots[i] {
+                0 => {
+                    self.slots[i] = a;
+                    self.len += 1;
+                    return true;
+                }
+                x if x == a => return false,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let size = (self.slots.len() * 2).max(self.jump);
+        let old = std::mem::replace(&mut self.slots, vec![0; size]);
+        self.len = 0;
+        for a in old.into_iter().filter(|&a| a != 0) {
+            self.insert(a);
+        }
+    }
+}
+
+/// The size of the last whole-tree memo, so the next walk of the same tree
+/// starts its set at that size instead of growing it step by step.
+static TREE_MEMO_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// A hint larger than this (objects) is not used.
+const MAX_HINT: usize = 1 << 24;
 
 /// How many identities a memo keeps inline (a linear scan) before it needs a
 /// hash set: most modules have a handful of children, and a walk builds one
@@ -188,18 +296,25 @@ type Addresses = HashSet<usize, BuildHasherDefault<AddressHasher>>;
 const INLINE: usize = 8;
 
 pub enum Memo {
-    /// Up to `INLINE` objects, kept alive so an address is never reused.
-    Small(usize, [Option<Py<PyAny>>; INLINE]),
+    /// Up to `INLINE` objects, kept alive so an address is never reused;
+    /// `tree`: a whole-tree memo (sized by [`TREE_MEMO_HINT`]).
+    Small(usize, [Option<Py<PyAny>>; INLINE], bool),
     /// Addresses, with the objects kept alive so an address is never reused.
-    Identity(Addresses, Vec<Py<PyAny>>),
+    Identity(Addresses, Vec<Py<PyAny>>, bool),
     Set(Py<PySet>),
     /// A caller's memo (any object): `obj in memo` and `memo.add(obj)`.
     Object(Py<PyAny>),
 }
 
 impl Memo {
+    /// A memo for one module's children.
     pub fn new() -> Memo {
-        Memo::Small(0, Default::default())
+        Memo::Small(0, Default::default(), false)
+    }
+
+    /// A memo for a whole tree's modules or members.
+    pub fn for_tree() -> Memo {
+        Memo::Small(0, Default::default(), true)
     }
 
     pub fn from_object(o: Bound<'_, PyAny>) -> Memo {
@@ -209,8 +324,8 @@ impl Memo {
     /// The objects an identity memo holds, in insertion order.
     fn held(&self) -> Vec<&Py<PyAny>> {
         match self {
-            Memo::Small(n, objs) => objs[..*n].iter().flatten().collect(),
-            Memo::Identity(_, objs) => objs.iter().collect(),
+            Memo::Small(n, objs, _) => objs[..*n].iter().flatten().collect(),
+            Memo::Identity(_, objs, _) => objs.iter().collect(),
             _ => Vec::new(),
         }
     }
@@ -235,7 +350,7 @@ impl Memo {
         {
             let p = obj.as_ptr();
             if add {
-                if let Memo::Identity(set, objs) = self {
+                if let Memo::Identity(set, objs, _) = self {
                     // One probe: insert answers whether it was there.
                     if set.insert(p as usize) {
                         objs.push(obj.clone().unbind());
@@ -245,8 +360,8 @@ impl Memo {
                 }
             }
             let seen = match self {
-                Memo::Small(n, objs) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
-                Memo::Identity(set, _) => set.contains(&(p as usize)),
+                Memo::Small(n, objs, _) => objs[..*n].iter().flatten().any(|o| o.as_ptr() == p),
+                Memo::Identity(set, _, _) => set.contains(p as usize),
                 _ => false,
             };
             if !seen && add {
@@ -274,22 +389,32 @@ impl Memo {
 
     /// Add an identity-hashed object not yet in a `Small`/`Identity` memo.
     fn add_identity(&mut self, obj: &Bound<'_, PyAny>) {
-        if let Memo::Small(n, objs) = self {
+        if let Memo::Small(n, objs, tree) = self {
             if *n < INLINE {
                 objs[*n] = Some(obj.clone().unbind());
                 *n += 1;
                 return;
             }
             // Full: move to a hash set.
-            let mut set = Addresses::with_capacity_and_hasher(16 * INLINE, Default::default());
-            let mut held = Vec::with_capacity(16 * INLINE);
+            // A tree walk that outgrows the first table grows straight to the
+            // size the previous whole-tree walk reached.
+            let cap = 16 * INLINE;
+            let mut expected = cap;
+            if *tree {
+                let hint = TREE_MEMO_HINT.load(std::sync::atomic::Ordering::Relaxed);
+                if hint <= MAX_HINT {
+                    expected = hint;
+                }
+            }
+            let mut set = Addresses::with_capacity(cap, expected);
+            let mut held = Vec::with_capacity(cap);
             for o in objs.iter_mut().filter_map(Option::take) {
                 set.insert(o.as_ptr() as usize);
                 held.push(o);
             }
-            *self = Memo::Identity(set, held);
+            *self = Memo::Identity(set, held, *tree);
         }
-        if let Memo::Identity(set, objs) = self {
+        if let Memo::Identity(set, objs, _) = self {
             if set.insert(obj.as_ptr() as usize) {
                 objs.push(obj.clone().unbind());
             }
@@ -308,13 +433,13 @@ impl Memo {
 
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            Memo::Small(n, objs) => {
+            Memo::Small(n, objs, _) => {
                 for o in objs[..*n].iter().flatten() {
                     visit.call(o)?;
                 }
                 Ok(())
             }
-            Memo::Identity(_, objs) => {
+            Memo::Identity(_, objs, _) => {
                 for o in objs {
                     visit.call(o)?;
                 }
@@ -327,6 +452,14 @@ impl Memo {
 
     pub fn clear(&mut self) {
         *self = Memo::new();
+    }
+}
+
+impl Drop for Memo {
+    fn drop(&mut self) {
+        if let Memo::Identity(set, _, true) = self {
+            TREE_MEMO_HINT.store(set.len, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 

@@ -155,3 +155,35 @@ pub unsafe fn has_attr_generic(
         _ => Err(()),
     }
 }
+
+/// `obj.<name>` where `name` is a static interned name normally served by a
+/// data descriptor of the class (a torch getset such as `grad` or `dtype`):
+/// the descriptor's getter called directly when the class uses
+/// `object.__getattribute__` (which would call exactly that getter, a data
+/// descriptor taking precedence over the instance dict); a plain `getattr`
+/// otherwise.
+pub fn data_attr<'py>(
+    obj: &pyo3::Bound<'py, pyo3::PyAny>,
+    name: &pyo3::Bound<'py, pyo3::types::PyString>,
+) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
+    use pyo3::types::PyAnyMethods;
+    unsafe {
+        let tp = ffi::Py_TYPE(obj.as_ptr());
+        // object's own slot, read from its type: both addresses are libpython's.
+        let generic = (*std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)).tp_getattro;
+        if (*tp).tp_getattro.map(|f| f as usize) == generic.map(|f| f as usize) {
+            let descr = type_lookup(tp, name.as_ptr());
+            if !descr.is_null() {
+                let dt = ffi::Py_TYPE(descr);
+                if let (Some(get), Some(_)) = ((*dt).tp_descr_get, (*dt).tp_descr_set) {
+                    // Held across the call, as object.__getattribute__ does.
+                    ffi::Py_INCREF(descr);
+                    let r = get(descr, obj.as_ptr(), tp as *mut ffi::PyObject);
+                    ffi::Py_DECREF(descr);
+                    return pyo3::Bound::from_owned_ptr_or_err(obj.py(), r);
+                }
+            }
+        }
+    }
+    obj.getattr(name)
+}

@@ -38,8 +38,12 @@ unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
     if type_lookup(vt, g.names.dunder_class) != g.orig.object_class {
         return Kind::Unusual;
     }
-    if ffi::PyType_IsSubtype(vt, g.parameter) != 0 {
+    if vt == g.parameter {
         Kind::Param
+    } else if ffi::PyType_IsSubtype(vt, g.parameter) != 0 {
+        // isinstance() of a subclass instance runs _ParameterMeta's
+        // __instancecheck__ (a `_is_param` read the class may observe).
+        Kind::Unusual
     } else if ffi::PyType_IsSubtype(vt, g.tensor) != 0 {
         Kind::Unusual
     } else if ffi::PyType_IsSubtype(vt, g.nn_module) != 0 {
@@ -49,9 +53,10 @@ unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
     }
 }
 
-/// `isinstance(obj, Parameter)`, honouring `_ParameterMeta.__instancecheck__`.
+/// `isinstance(obj, Parameter)`, honouring `_ParameterMeta.__instancecheck__`
+/// (which isinstance() skips only for an exact Parameter).
 unsafe fn is_parameter(g: &Globals, obj: *mut ffi::PyObject) -> Result<bool, ()> {
-    if ffi::PyType_IsSubtype(ffi::Py_TYPE(obj), g.parameter) != 0 {
+    if ffi::Py_TYPE(obj) == g.parameter {
         return Ok(true);
     }
     match ffi::PyObject_IsInstance(obj, g.parameter as *mut ffi::PyObject) {

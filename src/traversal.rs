@@ -306,7 +306,7 @@ impl NamedModules {
         // A caller's memo is used as is, through its own `in` and `.add`.
         let memo = match memo {
             Some(m) if !m.is_none() => Memo::from_object(m),
-            _ => Memo::new(),
+            _ => Memo::for_tree(),
         };
         Ok(NamedModules {
             values,
@@ -531,7 +531,7 @@ impl NamedMembers {
             source,
             registry,
             current: None,
-            memo: Memo::new(),
+            memo: Memo::for_tree(),
             rd: remove_duplicate.is_truthy()?,
             done: false,
         })
@@ -1204,7 +1204,7 @@ pub fn call_root<'py>(
             let set_to_none = arg(0)?;
             let grad = intern!(py, "grad");
             for_each_parameter(py, g, module, |p| {
-                if p.getattr(grad)?.is_none() {
+                if crate::lookup::data_attr(p, grad)?.is_none() {
                     return Ok(());
                 }
                 if set_to_none.is_truthy()? {

@@ -875,6 +875,97 @@ def test_zero_grad_in_place_and_to_none() -> None:
     assert fast == stock
 
 
+def test_memo_sizes_carry_between_walks() -> None:
+    """A whole-tree memo starts at the size the previous walk reached; walks of trees
+    larger and smaller than that, with shared modules and tied parameters, still
+    de-duplicate exactly as stock."""
+
+    def tree(b: Base, n: int) -> nn.Module:
+        Leaf, Node = sample_classes(b)
+        torch.manual_seed(n)
+        root = Node()
+        shared = Leaf()
+        for i in range(n):
+            node = Node()
+            node.leaf = Leaf() if i % 3 else shared
+            node.lin = nn.Linear(1, 1)
+            if i % 4 == 0:
+                node.lin.weight = shared.w
+            root.add_module(f"n{i}", node)
+        return root
+
+    def sc(b: Base) -> Any:
+        out = []
+        for n in (600, 3, 9, 40, 1500, 2, 130):
+            root = tree(b, n)
+            ix = Index(root)
+            for rd in (True, False):
+                out.append(ix.items(root.named_modules(remove_duplicate=rd)))
+                out.append(ix.items(root.named_parameters(remove_duplicate=rd)))
+            out.append(ix.items(root.parameters()))
+            out.append(ix.items(root.children()))
+        return out
+
+    assert_same(sc)
+
+
+def test_grad_reads_go_through_the_parameters_class() -> None:
+    """zero_grad and the conversions read ``p.grad`` (and ``.dtype``); a Parameter
+    subclass that serves them itself (a property, ``__getattribute__``, ``__getattr__``)
+    is asked exactly as stock asks it. Registering such a parameter runs
+    ``_ParameterMeta.__instancecheck__`` (its ``_is_param`` read reaches ``__getattr__``)
+    as in stock."""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+
+        class PropGrad(nn.Parameter):
+            @property
+            def grad(self) -> Any:  # type: ignore[override]
+                log.append("grad property")
+                return torch.ones(2)
+
+            @grad.setter
+            def grad(self, v: Any) -> None:
+                log.append(("grad set", v))
+
+        class Intercept(nn.Parameter):
+            def __getattribute__(self, name: str) -> Any:
+                if name in ("grad", "dtype"):
+                    log.append(("getattribute", name))
+                return super().__getattribute__(name)
+
+        class Fallback(nn.Parameter):
+            def __getattr__(self, name: str) -> Any:
+                log.append(("getattr", name))
+                raise AttributeError(name)
+
+        Leaf, Node = sample_classes(b)
+        root = Node()
+        root.a = Leaf()
+        root.a.pg = PropGrad(torch.zeros(2))
+        root.b = Leaf()
+        root.b.ic = Intercept(torch.zeros(2))
+        root.b.ic.grad = torch.full((2,), 3.0)
+        root.c = Leaf()
+        root.c.fb = Fallback(torch.zeros(2))
+        root.c.fb.grad = torch.full((2,), 4.0)
+        out: list[Any] = []
+        for op in (
+            lambda: root.zero_grad(set_to_none=False),
+            lambda: root.zero_grad(),
+            lambda: root.float(),
+            lambda: root.double(),
+        ):
+            r = outcome(lambda op=op: (op(), None)[1])
+            out.append((r, list(log)))
+            del log[:]
+        out.append(Index(root).items(root.named_parameters()))
+        return out
+
+    assert_same(sc)
+
+
 def test_zero_grad_on_replica_warns_like_stock() -> None:
     def sc(b: Base) -> Any:
         root = sample_tree(b)
