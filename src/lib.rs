@@ -30,6 +30,7 @@ mod items;
 mod leaves;
 mod lookup;
 mod methods;
+mod names;
 mod paths;
 mod register;
 mod routes;

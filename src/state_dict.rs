@@ -21,6 +21,7 @@
 //! `_load_from_state_dict`, before anything of it was touched.
 use crate::items::Items;
 use crate::lookup::{exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
+use crate::names::{self, Kind};
 use crate::state::Globals;
 use crate::traversal::{is_native, original, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
@@ -219,7 +220,7 @@ fn load_children<'py>(
         if child.is_none() {
             continue;
         }
-        let child_prefix = prefix.add(&name)?.add(dot)?;
+        let child_prefix = names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
         // Rebuild if a hook changed the parent's dict (entries or order) or
         // the children while earlier children loaded.
         let versions = (version(py, local)?, version(py, &children)?);
@@ -413,7 +414,7 @@ fn native_load_from_state_dict<'py>(
         if !exact_str(&name) || !is_tensor(&param) {
             return Ok(false);
         }
-        let key = prefix.add(&name)?;
+        let key = names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
         match local.get_item(&key) {
             Ok(input) => {
                 if !is_tensor(&input)
@@ -430,7 +431,8 @@ fn native_load_from_state_dict<'py>(
     }
     // Unexpected keys: those under `prefix` that name neither a child nor an
     // entry of local_state (torch's strict scan).
-    let extra_state_key = prefix.add(intern!(py, "_extra_state"))?;
+    let extra = intern!(py, "_extra_state");
+    let extra_state_key = names::name(Kind::Plain, prefix, extra, || prefix.add(extra))?;
     let mut unexpected: Vec<Bound<'py, PyAny>> = Vec::new();
     let start = prefix.len()? as isize;
     for key in local.try_iter()? {
@@ -529,7 +531,10 @@ pub fn save_tree<'py>(
     } {
         1 => {
             let md = unsafe { Bound::from_owned_ptr(py, md) };
-            md.set_item(but_last(prefix)?, &local_metadata)?;
+            md.set_item(
+                names::name(Kind::ButLast, prefix, prefix, || but_last(prefix))?,
+                &local_metadata,
+            )?;
         }
         0 => {}
         _ => return Err(PyErr::fetch(py)),
@@ -554,7 +559,7 @@ pub fn save_tree<'py>(
         if child.is_none() {
             continue;
         }
-        let child_prefix = prefix.add(&name)?.add(dot)?;
+        let child_prefix = names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
         if is_native(g, &child, Method::StateDict) {
             save_tree(py, g, &child, &destination, &child_prefix, keep_vars)?;
         } else {
@@ -608,7 +613,8 @@ fn save_own<'py>(
             continue;
         }
         let value = if keep { p } else { p.call_method0(detach)? };
-        destination.set_item(prefix.add(&name)?, value)?;
+        let key = names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
+        destination.set_item(key, value)?;
     }
     let non_persistent = intern!(py, "_non_persistent_buffers_set");
     let mut buffers = Items::of(module, intern!(py, "_buffers"))?;
@@ -617,7 +623,8 @@ fn save_own<'py>(
             continue;
         }
         let value = if keep { b } else { b.call_method0(detach)? };
-        destination.set_item(prefix.add(&name)?, value)?;
+        let key = names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
+        destination.set_item(key, value)?;
     }
     let overridden = unsafe {
         let tp = ffi::Py_TYPE(module.as_ptr());

@@ -240,6 +240,11 @@ fn dotted_join<'py>(
         {
             return None;
         }
+        if let Some(j) =
+            crate::names::cached(crate::names::Kind::Dotted, prefix.as_ptr(), name.as_ptr())
+        {
+            return Some(Ok(Bound::from_owned_ptr(py, j)));
+        }
         if dotted.is_none() {
             let d = ffi::PyUnicode_Concat(prefix.as_ptr(), intern!(py, ".").as_ptr());
             match Bound::from_owned_ptr_or_err(py, d) {
@@ -248,10 +253,16 @@ fn dotted_join<'py>(
             }
         }
         let d = dotted.as_ref()?.as_ptr();
-        Some(Bound::from_owned_ptr_or_err(
-            py,
-            ffi::PyUnicode_Concat(d, name.as_ptr()),
-        ))
+        let j = ffi::PyUnicode_Concat(d, name.as_ptr());
+        if !j.is_null() {
+            crate::names::store(
+                crate::names::Kind::Dotted,
+                prefix.as_ptr(),
+                name.as_ptr(),
+                j,
+            );
+        }
+        Some(Bound::from_owned_ptr_or_err(py, j))
     }
 }
 
@@ -486,7 +497,7 @@ pub struct NamedMembers {
     registry: &'static str,
     /// The module being walked: its prefix, `prefix + "."` when both are
     /// plain strs and names are wanted, and its registry's items.
-    current: Option<(Py<PyAny>, Option<Py<PyAny>>, Items)>,
+    current: Option<(Py<PyAny>, Option<Option<Py<PyAny>>>, Items)>,
     memo: Memo,
     rd: bool,
     done: bool,
@@ -577,10 +588,28 @@ impl NamedMembers {
                         if let Some(d) = dotted {
                             if unsafe { ffi::PyUnicode_CheckExact(k.as_ptr()) } != 0 {
                                 let name = unsafe {
-                                    Bound::from_owned_ptr_or_err(
-                                        py,
-                                        ffi::PyUnicode_Concat(d.as_ptr(), k.as_ptr()),
-                                    )?
+                                    let (p, k) = (prefix.as_ptr(), k.as_ptr());
+                                    match crate::names::cached(crate::names::Kind::Dotted, p, k) {
+                                        Some(j) => Bound::from_owned_ptr(py, j),
+                                        None => {
+                                            if d.is_none() {
+                                                let built =
+                                                    prefix.bind(py).add(intern!(py, "."))?;
+                                                *d = Some(built.unbind());
+                                            }
+                                            let d = d.as_ref().map_or(p, |d| d.as_ptr());
+                                            let j = ffi::PyUnicode_Concat(d, k);
+                                            if !j.is_null() {
+                                                crate::names::store(
+                                                    crate::names::Kind::Dotted,
+                                                    p,
+                                                    k,
+                                                    j,
+                                                );
+                                            }
+                                            Bound::from_owned_ptr_or_err(py, j)?
+                                        }
+                                    }
                                 };
                                 return Ok(Some(PyTuple::new(py, [name, v])?.into_any()));
                             }
@@ -602,11 +631,13 @@ impl NamedMembers {
                         intern!(py, "_buffers")
                     };
                     let it = Items::of(&module, reg)?;
+                    // `prefix + "."`, built at the first name the cache of
+                    // dotted names does not hold.
                     let dotted = if !self.values
                         && unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } != 0
                         && prefix.len()? > 0
                     {
-                        Some(prefix.add(intern!(py, "."))?.unbind())
+                        Some(None)
                     } else {
                         None
                     };
@@ -649,7 +680,7 @@ impl NamedMembers {
         }
         if let Some((p, d, i)) = &self.current {
             visit.call(p)?;
-            if let Some(d) = d {
+            if let Some(Some(d)) = d {
                 visit.call(d)?;
             }
             i.traverse(&visit)?;
