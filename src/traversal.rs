@@ -489,15 +489,18 @@ enum Source {
     Single(Option<(Py<PyAny>, Py<PyAny>)>),
 }
 
+/// The module `_named_members` is walking: its prefix; when both it and
+/// the names are plain strs and names are wanted, `Some` of `prefix + "."`
+/// (built at the first name the names cache lacks); its registry's items.
+type Current = (Py<PyAny>, Option<Option<Py<PyAny>>>, Items);
+
 /// Native `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
 #[pyclass(module = "fastmodule._core")]
 pub struct NamedMembers {
     values: bool,
     source: Source,
     registry: &'static str,
-    /// The module being walked: its prefix, `prefix + "."` when both are
-    /// plain strs and names are wanted, and its registry's items.
-    current: Option<(Py<PyAny>, Option<Option<Py<PyAny>>>, Items)>,
+    current: Option<Current>,
     memo: Memo,
     rd: bool,
     done: bool,
