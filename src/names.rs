@@ -39,7 +39,7 @@ const EMPTY: Slot = Slot {
     key: std::ptr::null_mut(),
     joined: std::ptr::null_mut(),
 };
-const SET_BITS: u32 = 15;
+const SET_BITS: u32 = 16;
 
 struct Table(UnsafeCell<[[Slot; 2]; 1 << SET_BITS]>);
 // SAFETY: read and written only with the GIL held.
