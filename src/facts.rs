@@ -122,29 +122,21 @@ unsafe fn entry(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
 ) -> Option<&'static mut Facts> {
-    if ffi::PyDict_CheckExact(dict) == 0 {
+    if ffi::PyDict_CheckExact(dict) == 0 || (*tp).tp_version_tag == 0 {
         return None;
     }
-    let tv = (*tp).tp_version_tag;
-    if tv == 0 {
-        return None;
+    if let Some(f) = find(tp, dict) {
+        return Some(f);
     }
-    let version = dict_version(dict);
     let set = set_of(dict)?;
-    if let Some(i) = set
-        .iter()
-        .position(|e| e.dict == dict && e.version == version && e.tp == tp && e.tp_version == tv)
-    {
-        return Some(&mut set[i]);
-    }
     if set[0].dict != dict {
         set[1] = set[0];
     }
     set[0] = Facts {
         dict,
-        version,
+        version: dict_version(dict),
         tp,
-        tp_version: tv,
+        tp_version: (*tp).tp_version_tag,
         ..EMPTY
     };
     Some(&mut set[0])
