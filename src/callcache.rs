@@ -11,12 +11,46 @@
 use pyo3::ffi;
 use std::cell::UnsafeCell;
 
+/// What an instance-keyed entry (here and in `crate::facts`) describes: one
+/// instance dict at one version tag, seen through one class at one
+/// `tp_version_tag`. Tags are never reused, so a key that still matches means
+/// neither has changed since the entry was made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub dict: *mut ffi::PyObject,
+    pub version: u64,
+    pub tp: *mut ffi::PyTypeObject,
+    pub tp_version: u32,
+}
+
+impl Key {
+    pub const EMPTY: Key = Key {
+        dict: std::ptr::null_mut(),
+        version: 0,
+        tp: std::ptr::null_mut(),
+        tp_version: 0,
+    };
+
+    /// The key of `dict` and `tp` now; None while the class has no version
+    /// tag (nothing about it can be remembered then).
+    #[inline(always)]
+    pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
+        let tp_version = (*tp).tp_version_tag;
+        if tp_version == 0 {
+            return None;
+        }
+        Some(Key {
+            dict,
+            version: dict_version(dict),
+            tp,
+            tp_version,
+        })
+    }
+}
+
 #[derive(Clone, Copy)]
 pub struct Entry {
-    dict: *mut ffi::PyObject,
-    dict_version: u64,
-    tp: *mut ffi::PyTypeObject,
-    tp_version: u32,
+    key: Key,
     /// The 4 per-module hook dicts, in `_call_impl`'s order.
     pub hooks: [*mut ffi::PyObject; 4],
     /// The class's Python function `forward`.
@@ -73,10 +107,7 @@ impl Leaf {
 /// hundred modules fits without slots evicting each other on every call.
 const SETS: usize = 1024;
 const EMPTY: Entry = Entry {
-    dict: std::ptr::null_mut(),
-    dict_version: 0,
-    tp: std::ptr::null_mut(),
-    tp_version: 0,
+    key: Key::EMPTY,
     hooks: [std::ptr::null_mut(); 4],
     forward: std::ptr::null_mut(),
     leaf: NO_LEAF,
@@ -108,17 +139,10 @@ pub unsafe fn lookup(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Op
         return None;
     }
     let set = &mut (*TABLE.0.get())[index(dict)];
-    let tv = (*tp).tp_version_tag;
-    if tv == 0 {
-        return None;
-    }
-    let version = dict_version(dict);
-    for e in set.iter_mut() {
-        if e.dict == dict && e.tp == tp && e.tp_version == tv && e.dict_version == version {
-            return Some(e as *mut Entry);
-        }
-    }
-    None
+    let key = Key::now(tp, dict)?;
+    set.iter_mut()
+        .find(|e| e.key == key)
+        .map(|e| e as *mut Entry)
 }
 
 /// Remember a fully checked fast call (instance forward absent, class forward
@@ -130,21 +154,20 @@ pub unsafe fn store(
     hooks: [*mut ffi::PyObject; 4],
     forward: *mut ffi::PyObject,
 ) -> *mut Entry {
-    let tv = (*tp).tp_version_tag;
-    if cfg!(Py_3_13) || tv == 0 || ffi::PyDict_CheckExact(dict) == 0 {
+    if cfg!(Py_3_13) || ffi::PyDict_CheckExact(dict) == 0 {
         return std::ptr::null_mut();
     }
+    let Some(key) = Key::now(tp, dict) else {
+        return std::ptr::null_mut();
+    };
     let set = &mut (*TABLE.0.get())[index(dict)];
     // Most recent first; an older entry for the same dict is dropped.
-    if set[0].dict != dict {
+    if set[0].key.dict != dict {
         set[1] = set[0];
     }
     let slot = &mut set[0];
     *slot = Entry {
-        dict,
-        dict_version: dict_version(dict),
-        tp,
-        tp_version: tv,
+        key,
         hooks,
         forward,
         leaf: NO_LEAF,
@@ -160,7 +183,7 @@ pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut ffi::PyObject, leaf: Leaf) 
         return;
     }
     let e = &mut *entry;
-    if e.dict == dict && e.dict_version == dict_version(dict) {
+    if e.key.dict == dict && e.key.version == dict_version(dict) {
         e.leaf = leaf;
     }
 }

@@ -12,16 +12,13 @@
 //! alive. A walk over a tree of thousands of modules visits each once per
 //! call, so the table is sized for such trees (allocated, zeroed, on first
 //! use; untouched pages cost nothing).
-use crate::callcache::dict_version;
+use crate::callcache::{dict_version, Key};
 use pyo3::ffi;
 use std::cell::UnsafeCell;
 
 #[derive(Clone, Copy)]
 pub struct Facts {
-    dict: *mut ffi::PyObject,
-    version: u64,
-    tp: *mut ffi::PyTypeObject,
-    tp_version: u32,
+    key: Key,
     /// Bit `m`: `traversal::is_native` holds for method index `m`.
     native: u32,
     /// The dict's values for the registry names; null where not yet read (or
@@ -35,10 +32,7 @@ pub struct Facts {
 }
 
 const EMPTY: Facts = Facts {
-    dict: std::ptr::null_mut(),
-    version: 0,
-    tp: std::ptr::null_mut(),
-    tp_version: 0,
+    key: Key::EMPTY,
     native: 0,
     regs: [std::ptr::null_mut(); 3],
     training: std::ptr::null_mut(),
@@ -106,13 +100,8 @@ unsafe fn set_of(dict: *mut ffi::PyObject) -> Option<&'static mut Set> {
 #[inline(always)]
 unsafe fn find(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<&'static mut Facts> {
     let set = set_of(dict)?;
-    let tv = (*tp).tp_version_tag;
-    if tv == 0 {
-        return None;
-    }
-    let version = dict_version(dict);
-    set.iter_mut()
-        .find(|e| e.dict == dict && e.version == version && e.tp == tp && e.tp_version == tv)
+    let key = Key::now(tp, dict)?;
+    set.iter_mut().find(|e| e.key == key)
 }
 
 /// The entry for `dict`/`tp` at the dict's current version: the valid one, or
@@ -122,23 +111,18 @@ unsafe fn entry(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
 ) -> Option<&'static mut Facts> {
-    if ffi::PyDict_CheckExact(dict) == 0 || (*tp).tp_version_tag == 0 {
+    if ffi::PyDict_CheckExact(dict) == 0 {
         return None;
     }
-    if let Some(f) = find(tp, dict) {
-        return Some(f);
-    }
+    let key = Key::now(tp, dict)?;
     let set = set_of(dict)?;
-    if set[0].dict != dict {
+    if let Some(i) = set.iter().position(|e| e.key == key) {
+        return Some(&mut set[i]);
+    }
+    if set[0].key.dict != dict {
         set[1] = set[0];
     }
-    set[0] = Facts {
-        dict,
-        version: dict_version(dict),
-        tp,
-        tp_version: (*tp).tp_version_tag,
-        ..EMPTY
-    };
+    set[0] = Facts { key, ..EMPTY };
     Some(&mut set[0])
 }
 
@@ -257,8 +241,8 @@ unsafe fn entry_for_rebind(
     let tv = (*tp).tp_version_tag;
     let f = set
         .iter_mut()
-        .find(|e| e.dict == dict && e.tp == tp && e.tp_version == tv)?;
-    f.version = version;
+        .find(|e| e.key.dict == dict && e.key.tp == tp && e.key.tp_version == tv)?;
+    f.key.version = version;
     Some(f)
 }
 
