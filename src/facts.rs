@@ -157,7 +157,7 @@ pub unsafe fn note_native(
 /// dict and the class are unchanged. Null with a Python exception set on
 /// error.
 #[inline(always)]
-pub unsafe fn registry(
+unsafe fn registry(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
     name: *mut ffi::PyObject,

@@ -489,10 +489,9 @@ enum Source {
     Single(Option<(Py<PyAny>, Py<PyAny>)>),
 }
 
-/// The module `_named_members` is walking: its prefix; when both it and
-/// the names are plain strs and names are wanted, `Some` of `prefix + "."`
-/// (built at the first name the names cache lacks); its registry's items.
-type Current = (Py<PyAny>, Option<Option<Py<PyAny>>>, Items);
+/// The module `_named_members` is walking: its prefix, `prefix + "."` once
+/// `dotted_join` has built it, and its registry's items.
+type Current = (Py<PyAny>, Option<Py<PyAny>>, Items);
 
 /// Native `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
 #[pyclass(module = "fastmodule._core")]
@@ -588,33 +587,9 @@ impl NamedMembers {
                         if v.is_none() || self.memo.seen_or_add(&v, self.rd)? {
                             continue;
                         }
-                        if let Some(d) = dotted {
-                            if unsafe { ffi::PyUnicode_CheckExact(k.as_ptr()) } != 0 {
-                                let name = unsafe {
-                                    let (p, k) = (prefix.as_ptr(), k.as_ptr());
-                                    match crate::names::cached(crate::names::Kind::Dotted, p, k) {
-                                        Some(j) => Bound::from_owned_ptr(py, j),
-                                        None => {
-                                            if d.is_none() {
-                                                let built =
-                                                    prefix.bind(py).add(intern!(py, "."))?;
-                                                *d = Some(built.unbind());
-                                            }
-                                            let d = d.as_ref().map_or(p, |d| d.as_ptr());
-                                            let j = ffi::PyUnicode_Concat(d, k);
-                                            if !j.is_null() {
-                                                crate::names::store(
-                                                    crate::names::Kind::Dotted,
-                                                    p,
-                                                    k,
-                                                    j,
-                                                );
-                                            }
-                                            Bound::from_owned_ptr_or_err(py, j)?
-                                        }
-                                    }
-                                };
-                                return Ok(Some(PyTuple::new(py, [name, v])?.into_any()));
+                        if !self.values {
+                            if let Some(name) = dotted_join(py, dotted, prefix.bind(py), &k) {
+                                return Ok(Some(PyTuple::new(py, [name?, v])?.into_any()));
                             }
                         }
                         return match join(prefix.bind(py), &k, self.values)? {
@@ -634,17 +609,7 @@ impl NamedMembers {
                         intern!(py, "_buffers")
                     };
                     let it = Items::of(&module, reg)?;
-                    // `prefix + "."`, built at the first name the cache of
-                    // dotted names does not hold.
-                    let dotted = if !self.values
-                        && unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } != 0
-                        && prefix.len()? > 0
-                    {
-                        Some(None)
-                    } else {
-                        None
-                    };
-                    self.current = Some((prefix.unbind(), dotted, it));
+                    self.current = Some((prefix.unbind(), None, it));
                 }
                 None => return Ok(None),
             }
@@ -683,7 +648,7 @@ impl NamedMembers {
         }
         if let Some((p, d, i)) = &self.current {
             visit.call(p)?;
-            if let Some(Some(d)) = d {
+            if let Some(d) = d {
                 visit.call(d)?;
             }
             i.traverse(&visit)?;
