@@ -45,6 +45,13 @@ pub fn contains(tp: *mut ffi::PyTypeObject) -> bool {
     !p.is_null() && unsafe { (*p).contains(&(tp as usize)) }
 }
 
+/// Is any class accelerated now?
+pub fn any() -> bool {
+    let p = SNAPSHOT.load(Ordering::Acquire);
+    // SAFETY: as in `contains`.
+    !p.is_null() && unsafe { !(*p).is_empty() }
+}
+
 fn publish(owned: &mut Owned) {
     let mut b = Box::new(owned.classes.keys().copied().collect::<Set>());
     let p: *mut Set = &mut *b;
@@ -60,25 +67,28 @@ fn lock() -> PyResult<std::sync::MutexGuard<'static, Owned>> {
 
 pub fn add(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let tp = cls.as_ptr() as usize;
-    let mut owned = lock()?;
-    if let std::collections::hash_map::Entry::Vacant(e) = owned.classes.entry(tp) {
-        e.insert(cls.clone().unbind());
-        publish(&mut owned);
+    {
+        let mut owned = lock()?;
+        if let std::collections::hash_map::Entry::Vacant(e) = owned.classes.entry(tp) {
+            e.insert(cls.clone().unbind());
+            publish(&mut owned);
+        }
     }
-    Ok(())
+    crate::routes::note_accelerated(cls.py(), true)
 }
 
 pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
     let tp = cls.as_ptr() as usize;
-    let released = {
+    let (released, any_left) = {
         let mut owned = lock()?;
         let Some(r) = owned.classes.remove(&tp) else {
             return Ok(false);
         };
         publish(&mut owned);
-        r
+        (r, !owned.classes.is_empty())
     };
     // Dropped outside the lock: releasing a class may run Python code.
     drop(released);
+    crate::routes::note_accelerated(cls.py(), any_left)?;
     Ok(true)
 }

@@ -106,6 +106,18 @@ fn route_torch_methods(
     routes::install(py, bodies, copies)
 }
 
+/// Make the Python function `func` answer, when called eagerly, whether
+/// torch's whole-tree method should run fastmodule's body for its argument;
+/// `namespace[flag]` is kept equal to "some class is accelerated in place".
+#[pyfunction]
+fn install_route_check(
+    func: &Bound<'_, PyAny>,
+    namespace: &Bound<'_, pyo3::types::PyDict>,
+    flag: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<()> {
+    routes::install_check(func, namespace, flag)
+}
+
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
 /// Returns which of (call, getattr, setattr) it carries.
 #[pyfunction]
@@ -228,6 +240,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
+    m.add_function(wrap_pyfunction!(install_route_check, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(init_containers, m)?)?;
     m.add_function(wrap_pyfunction!(accelerate_class, m)?)?;

@@ -10,7 +10,8 @@
 //! or any call while a PEP 523 frame evaluator (Dynamo) is installed, runs
 //! torch's code. CPython 3.11 inlines Python-to-Python calls without the
 //! vectorcall, so there only calls made from C (native walks, C extensions)
-//! are routed; from 3.12 on, every call is.
+//! come here; `fastmodule.inline_routes` puts a check in front of torch's code
+//! for the others, answered eagerly by [`route_check`].
 use crate::ffi_ext::custom_eval_frame;
 use crate::register::is_fast_instance;
 use crate::state::{globals, require};
@@ -54,6 +55,72 @@ unsafe extern "C" fn routed(
         }
     }
     (route.original)(callable, args, nargsf, kwnames)
+}
+
+/// The eager answer of `fastmodule.inline_routes`' check, "should this call of
+/// torch's method run fastmodule's body for `self`?": the routed vectorcall's
+/// own test. The Python function it is installed on answers `False`, which is
+/// what Dynamo sees when it traces torch's prefixed code.
+unsafe extern "C" fn route_check(
+    _callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let nargs = ffi::PyVectorcall_NARGS(nargsf);
+    let fast = match globals() {
+        Some(g) => {
+            nargs == 1
+                && (kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0)
+                && !custom_eval_frame()
+                && is_fast_instance(g, *args)
+        }
+        None => false,
+    };
+    let out = if fast {
+        ffi::Py_True()
+    } else {
+        ffi::Py_False()
+    };
+    ffi::Py_IncRef(out);
+    out
+}
+
+/// Where `fastmodule.inline_routes` keeps its flag "is any class accelerated
+/// in place now?" (torch's module namespace), and the flag's name.
+static FLAG: OnceLock<(Py<PyDict>, Py<pyo3::types::PyString>)> = OnceLock::new();
+
+/// Make the Python function `func` answer with [`route_check`] when called
+/// eagerly (its own code is what tracers see), and keep `namespace[flag]`
+/// equal to "some class is accelerated in place".
+pub fn install_check(
+    func: &Bound<'_, PyAny>,
+    namespace: &Bound<'_, PyDict>,
+    flag: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<()> {
+    if unsafe { ffi::PyFunction_Check(func.as_ptr()) } == 0 {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "install_route_check expects a Python function",
+        ));
+    }
+    unsafe {
+        crate::methods::set_vectorcall(func.as_ptr() as *mut ffi::PyFunctionObject, route_check)
+    };
+    let _ = FLAG.set((namespace.clone().unbind(), flag.clone().unbind()));
+    note_accelerated(namespace.py(), crate::accelerated::any())
+}
+
+/// Record whether any class is accelerated in place (see [`install_check`]).
+pub fn note_accelerated(py: Python<'_>, any: bool) -> PyResult<()> {
+    if let Some((namespace, flag)) = FLAG.get() {
+        let namespace = namespace.bind(py);
+        let value = pyo3::types::PyBool::new(py, any);
+        let same = namespace.get_item(flag)?.is_some_and(|v| v.is(&*value));
+        if !same {
+            namespace.set_item(flag, value)?;
+        }
+    }
+    Ok(())
 }
 
 /// torch's own code for `nn.Module.<name>`: the unrouted copy if the function

@@ -6,9 +6,11 @@ stock classes first (the oracle), then on an identically seeded tree after
 what it accelerated; an autouse fixture fails any test that leaves a class
 accelerated, so later stock oracles never silently run accelerated code.
 
-On CPython 3.11 torch's whole-tree methods are routed to the native bodies only
-when called from C, so scenarios call them both directly and through
-:func:`via_c` (a ``functools.partial`` call, made from C).
+torch's whole-tree methods reach the native bodies by two routes: their
+vectorcall entry point (calls made from C, and every call from 3.12 on) and, on
+CPython 3.11, which inlines Python-to-Python calls, a statement put in front of
+torch's code (``fastmodule.inline_routes``). Scenarios call them both directly
+and through :func:`via_c` (a ``functools.partial`` call, made from C).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import io
 import pickle
 import re
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1133,6 +1137,149 @@ def test_native_route_is_taken_from_c(accel: Accel[Any]) -> None:
     assert {"state_dict", "named_parameters"} <= torch_frames()
     accel(model)
     assert torch_frames().isdisjoint({"state_dict", "_save_to_state_dict", "named_parameters"})
+
+
+TORCH_HELPERS = {
+    "_save_to_state_dict",
+    "_load_from_state_dict",
+    "_named_members",
+    "named_children",
+    "compute_should_use_set_data",
+}
+
+
+def test_native_route_is_taken_from_python(accel: Accel[Any]) -> None:
+    """Called from Python code (which 3.11 inlines, bypassing the vectorcall), the
+    whole-tree methods of an accelerated model run fastmodule's bodies too: none of
+    the helpers torch's own bodies call is entered."""
+    torch_file = sys.modules["torch.nn.modules.module"].__file__
+    model = small()
+
+    def torch_frames() -> set[str]:
+        names: set[str] = set()
+
+        def prof(frame: Any, event: str, arg: Any) -> None:
+            if event == "call" and frame.f_code.co_filename == torch_file:
+                names.add(frame.f_code.co_name)
+
+        sys.setprofile(prof)
+        try:
+            sd = model.state_dict()
+            model.load_state_dict(sd)
+            list(model.named_parameters())
+            list(model.children())
+            model.train()
+            model.zero_grad()
+            model.float()
+        finally:
+            sys.setprofile(None)
+        return names
+
+    assert TORCH_HELPERS <= torch_frames()
+    accel(model)
+    assert torch_frames().isdisjoint(TORCH_HELPERS)
+
+
+def test_routed_torch_functions_look_unchanged() -> None:
+    """What Python code can ask torch's routed functions (source, signature, file,
+    lines, names, generator-ness) is what it was before fastmodule was imported."""
+    from fastmodule import _dispatch, inline_routes
+
+    for name in _dispatch.BODIES:
+        func = nn.Module.__dict__[name]
+        before = types.FunctionType(
+            inline_routes.original_code(name), func.__globals__, name, func.__defaults__
+        )
+        before.__kwdefaults__ = func.__kwdefaults__
+        before.__annotations__ = func.__annotations__
+        code, orig = func.__code__, before.__code__
+        assert inspect.getsource(func) == inspect.getsource(before), name
+        assert inspect.signature(func) == inspect.signature(before), name
+        for attr in ("co_filename", "co_firstlineno", "co_name", "co_qualname", "co_argcount"):
+            assert getattr(code, attr) == getattr(orig, attr), (name, attr)
+        assert code.co_kwonlyargcount == orig.co_kwonlyargcount, name
+        n_args = code.co_argcount + code.co_kwonlyargcount
+        n_args += sum(bool(code.co_flags & f) for f in (inspect.CO_VARARGS, inspect.CO_VARKEYWORDS))
+        assert code.co_varnames[:n_args] == orig.co_varnames[:n_args], name
+        assert inspect.isgeneratorfunction(func) == inspect.isgeneratorfunction(before), name
+    if inline_routes.NEEDED:
+        assert sorted(inline_routes.install(_dispatch.BODIES, ())) == sorted(_dispatch.BODIES)
+
+
+def test_prefix_flag_follows_acceleration() -> None:
+    """While no class is accelerated in place, torch's prefixed functions pay one
+    global read (the flag); it turns on and off with acceleration."""
+    from fastmodule import inline_routes
+
+    if not inline_routes.NEEDED:
+        pytest.skip("torch's code is prefixed on CPython 3.11 only")
+    namespace = sys.modules["torch.nn.modules.module"].__dict__
+    assert namespace["_fastmodule_accelerated"] is False
+    with accelerating() as go:
+        go(small())
+        assert namespace["_fastmodule_accelerated"] is True
+    assert namespace["_fastmodule_accelerated"] is False
+
+
+class UsesWalks(nn.Module):
+    """A forward that walks its own tree, as HF models do for their dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = next(self.parameters())
+        x = x * len(list(self.named_modules())) + len(list(self.children()))
+        for _, q in self.named_parameters():
+            x = x + q.sum()
+        for b in self.buffers():
+            x = x * b
+        return self.b(self.a(x)) * p.dtype.itemsize
+
+
+@pytest.mark.parametrize("other_accelerated", [False, True])
+def test_torch_compile_fullgraph_inlines_torch_walks(
+    accel: Accel[Any], other_accelerated: bool
+) -> None:
+    """Dynamo inlines torch's walks in a compiled forward (the same graph, one frame)
+    on stock and accelerated models alike, whether or not the route is switched on."""
+    import torch._dynamo.testing
+
+    class Unrelated(nn.Module):
+        pass
+
+    if other_accelerated:
+        accel(Unrelated())
+
+    def scenario(model: nn.Module) -> Any:
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounter()
+        compiled = torch.compile(model, backend=counter, fullgraph=True)
+        out = [compiled(x_in()), compiled(x_in(5, 4)), model(x_in())]
+        return out, counter.frame_count, counter.op_count
+
+    compare(UsesWalks, scenario, accel)
+
+
+def test_warnings_point_at_the_caller(accel: Accel[Any]) -> None:
+    """The FutureWarning for positional ``state_dict`` arguments and the replica
+    ``zero_grad`` warning name the caller's line, as stock's do, whichever route
+    reached the native body."""
+
+    def scenario(model: nn.Module) -> Any:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.state_dict(None)
+            model._is_replica = True
+            model.zero_grad()
+            via_c("state_dict", model, None)
+        first = scenario.__code__.co_firstlineno
+        return [(w.category, w.filename, w.lineno - first) for w in caught]
+
+    compare(small, scenario, accel)
 
 
 def test_torch_compile_fullgraph(accel: Accel[Any]) -> None:

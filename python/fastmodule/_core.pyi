@@ -30,8 +30,12 @@ def restore_class(cls: type) -> bool:
 def is_accelerated_class(cls: type) -> bool:
     """Is ``cls`` accelerated in place?"""
 
-def route_torch_methods(bodies: dict[str, object]) -> None:
+def route_torch_methods(bodies: dict[str, object], copies: dict[str, object]) -> None:
     """Route torch's own whole-tree methods to fastmodule's bodies for fast instances."""
+
+def install_route_check(func: object) -> None:
+    """Make the Python function ``func``, called eagerly, answer whether torch's
+    whole-tree method should run fastmodule's body for its argument."""
 
 def init_load(config: dict[str, object]) -> None:
     """Capture torch's callables used by the native load walk."""

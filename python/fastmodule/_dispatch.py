@@ -12,6 +12,7 @@ errors read exactly as torch's.
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +20,16 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
-__all__ = ["BODIES", "torch_code", "torch_constant", "torch_method"]
+from fastmodule.inline_routes import original_code
+
+__all__ = ["BODIES", "caller_stacklevel", "torch_code", "torch_constant", "torch_method"]
 
 #: name -> native body of every usable method built by :func:`torch_method`;
 #: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
 BODIES: dict[str, Callable[..., Any]] = {}
+
+# The code of every method torch_method builds (one closure code object).
+_METHOD_CODE: types.CodeType | None = None
 
 
 def torch_code(name: str) -> Callable[..., Any]:
@@ -31,7 +37,9 @@ def torch_code(name: str) -> Callable[..., Any]:
     globals, defaults and closure, but not routed to fastmodule's bodies (see
     ``_core.route_torch_methods``), for fastmodule's own calls of torch's code."""
     f = torch.nn.Module.__dict__[name]
-    copy = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    copy = types.FunctionType(
+        original_code(name), f.__globals__, f.__name__, f.__defaults__, f.__closure__
+    )
     copy.__kwdefaults__ = f.__kwdefaults__
     copy.__qualname__ = f.__qualname__
     copy.__doc__ = f.__doc__
@@ -44,7 +52,7 @@ def torch_constant(name: str, start: str) -> str | None:
     """A string constant of torch's ``nn.Module.<name>`` (or of a function nested
     in it) that begins with ``start``: torch's own message texts, read at import
     so they always match the installed torch. None if torch has no such text."""
-    codes = [torch.nn.Module.__dict__[name].__code__]
+    codes = [original_code(name)]
     while codes:
         code = codes.pop()
         for const in code.co_consts:
@@ -53,6 +61,20 @@ def torch_constant(name: str, start: str) -> str | None:
             if hasattr(const, "co_consts"):
                 codes.append(const)
     return None
+
+
+def caller_stacklevel(name: str) -> int:
+    """The ``stacklevel`` at which the body of ``nn.Module.<name>``, calling this,
+    warns where torch's ``stacklevel=2`` warning points: at whoever called the
+    method. The body is called by ``fastmodule.Module``'s method or (CPython 3.11)
+    by torch's prefixed function, each one frame in between, or straight from the
+    caller through torch's routed vectorcall entry point."""
+    caller = sys._getframe(2).f_code
+    torch_file = original_code(name).co_filename
+    between = caller is _METHOD_CODE or (
+        caller.co_filename == torch_file and caller.co_name == name
+    )
+    return 3 if between else 2
 
 
 def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) -> Callable[..., Any]:
@@ -73,6 +95,8 @@ def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) ->
             return getattr(torch.nn.Module, name)(self, *args, **kwargs)
         return body(self, *args, **kwargs)
 
+    global _METHOD_CODE
+    _METHOD_CODE = method.__code__
     method.__name__ = name
     method.__qualname__ = f"Module.{name}"
     method.__doc__ = original.__doc__

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, _dispatch, conversion, loading, paths, saving, walks
+from fastmodule import _core, _dispatch, conversion, inline_routes, loading, paths, saving, walks
 from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
 
 __all__ = ["Module", "slots_of"]
@@ -75,3 +75,5 @@ _core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorc
 _core.route_torch_methods(
     _dispatch.BODIES, {name: _dispatch.torch_code(name) for name in _dispatch.BODIES}
 )
+# CPython 3.11 calls them from Python without the vectorcall: prefix their code.
+inline_routes.install(_dispatch.BODIES, walks.WALKED)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import torch_constant, torch_method
+from fastmodule._dispatch import caller_stacklevel, torch_constant, torch_method
 
 __all__ = ["state_dict"]
 
@@ -31,8 +31,8 @@ def _state_dict(
     keep_vars: bool = False,
 ) -> Any:
     if len(args) > 0:
-        # stacklevel 3: this body, the dispatching method, then the caller.
-        warnings.warn(_POSITIONAL_WARNING or "", FutureWarning, stacklevel=3)
+        level = caller_stacklevel("state_dict")
+        warnings.warn(_POSITIONAL_WARNING or "", FutureWarning, stacklevel=level)
         if destination is None:
             destination = args[0]
         if len(args) > 1 and prefix == "":

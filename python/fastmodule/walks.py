@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import torch_constant, torch_method
+from fastmodule._dispatch import caller_stacklevel, torch_constant, torch_method
 
 __all__ = [
+    "WALKED",
     "apply",
     "buffers",
     "children",
@@ -103,14 +104,28 @@ _REPLICA_WARNING = torch_constant("zero_grad", "Calling .zero_grad()")
 
 def _zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
     if getattr(self, "_is_replica", False):
-        # stacklevel 3: this body, the dispatching method, then the caller.
-        warnings.warn(_REPLICA_WARNING or "", stacklevel=3)
+        warnings.warn(_REPLICA_WARNING or "", stacklevel=caller_stacklevel("zero_grad"))
     _core.walk("zero_grad", self, set_to_none)
 
 
 def _apply(self: torch.nn.Module, fn: Callable[[torch.nn.Module], Any]) -> torch.nn.Module:
     return _core.walk("apply", self, fn)
 
+
+#: The iterators whose body is exactly ``yield from _core.walk(name, self, <torch's
+#: parameters>)`` (``inline_routes`` calls the walk directly for them).
+WALKED = frozenset(
+    {
+        "named_modules",
+        "modules",
+        "named_children",
+        "children",
+        "named_parameters",
+        "parameters",
+        "named_buffers",
+        "buffers",
+    }
+)
 
 named_modules = torch_method("named_modules", _named_modules)
 modules = torch_method("modules", _modules)
