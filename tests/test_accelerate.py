@@ -1206,6 +1206,35 @@ def test_routed_torch_functions_look_unchanged() -> None:
         assert sorted(inline_routes.install(_dispatch.BODIES, ())) == sorted(_dispatch.BODIES)
 
 
+def test_prefix_only_where_torch_source_matches_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A routed function whose source on disk no longer compiles to its running code
+    (an edited file, say) keeps torch's code; the others are still prefixed."""
+    from fastmodule import _dispatch, inline_routes, walks
+
+    module = sys.modules["torch.nn.modules.module"]
+    funcs = {
+        name: types.FunctionType(
+            inline_routes.original_code(name),
+            module.__dict__,
+            name,
+            nn.Module.__dict__[name].__defaults__,
+        )
+        for name in _dispatch.BODIES
+    }
+    source = inspect.getsource(module)
+    assert sorted(inline_routes._prefixed(funcs, set(walks.WALKED))) == sorted(funcs)
+    edited = source.replace("self.training = mode", "self.training = bool(mode)", 1)
+    assert edited != source
+    monkeypatch.setattr(inspect, "getsource", lambda obj: edited)
+    assert sorted(inline_routes._prefixed(funcs, set(walks.WALKED))) == sorted(
+        set(funcs) - {"train"}
+    )
+    monkeypatch.setattr(
+        inspect, "getsource", lambda obj: (_ for _ in ()).throw(OSError("no source"))
+    )
+    assert inline_routes._prefixed(funcs, set(walks.WALKED)) == {}
+
+
 def test_prefix_flag_follows_acceleration() -> None:
     """While no class is accelerated in place, torch's prefixed functions pay one
     global read (the flag); it turns on and off with acceleration."""

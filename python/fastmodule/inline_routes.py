@@ -135,29 +135,40 @@ def _prefix(fn: ast.FunctionDef, name: str, walked: bool) -> ast.stmt:
 def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[str, types.CodeType]:
     """torch's code for each of ``funcs`` with the route statement in front.
 
-    torch's whole source file is compiled, so the bytecode is what CPython made
-    of it (3.11's code generation depends on module-level names, e.g. imports);
-    a function whose source does not compile back to exactly its running code
-    is left out."""
+    What is compiled is torch's source file with its top-level functions and
+    classes left out except class ``Module`` holding just these methods: 3.11's
+    code generation for a method depends on module-level names (whether one
+    was bound by an import), which the rest keeps. A function whose source
+    does not compile back to exactly its running code is left out."""
     module = sys.modules[torch.nn.Module.__module__]
     try:
         tree = ast.parse(inspect.getsource(module))
     except (OSError, TypeError, SyntaxError):
         return {}
-    filename = next(iter(funcs.values())).__code__.co_filename
-    original = compile(tree, filename, "exec", dont_inherit=True)
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Module"]
     if len(classes) != 1:
         return {}
-    defs = [n for n in classes[0].body if isinstance(n, ast.FunctionDef)]
+    defs: dict[str, ast.FunctionDef] = {}
+    for fn in classes[0].body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in funcs:
+            if _def_line(fn) == funcs[fn.name].__code__.co_firstlineno:
+                defs[fn.name] = fn
+    if not defs:
+        return {}
+    classes[0].body = list(defs.values())
+    tree.body = [
+        n
+        for n in tree.body
+        if not isinstance(n, (ast.FunctionDef, ast.ClassDef)) or n is classes[0]
+    ]
+    filename = next(iter(funcs.values())).__code__.co_filename
+    original = compile(tree, filename, "exec", dont_inherit=True)
     found: dict[str, ast.FunctionDef] = {}
-    for name, func in funcs.items():
-        code = func.__code__
-        for fn in defs:
-            if fn.name == name and _def_line(fn) == code.co_firstlineno:
-                same = _code_of(original, code.co_qualname, code.co_firstlineno)
-                if same is not None and same.co_code == code.co_code:
-                    found[name] = fn
+    for name, fn in defs.items():
+        code = funcs[name].__code__
+        same = _code_of(original, code.co_qualname, code.co_firstlineno)
+        if same is not None and same.co_code == code.co_code:
+            found[name] = fn
     for name, fn in found.items():
         first = fn.body[0] if fn.body else None
         has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
