@@ -26,7 +26,10 @@ for _name in ("functional", "init", "utils", "parameter", "modules", "parallel",
 
 
 def __getattr__(name: str) -> Any:
-    obj = getattr(_torch_nn, name)
+    try:
+        obj = getattr(_torch_nn, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj is not torch.nn.Module:
         if not issubclass(obj, Module):
             _core.accelerate_class(obj)
