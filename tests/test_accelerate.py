@@ -1113,30 +1113,35 @@ def test_install_then_restore_model_then_uninstall() -> None:
 # --------------------------------------------------------------------------- ecosystem
 
 
+def torch_frames(calls: Callable[[], Any]) -> set[str]:
+    """Names of the functions of torch's ``module.py`` that ``calls()`` enters."""
+    torch_file = sys.modules["torch.nn.modules.module"].__file__
+    names: set[str] = set()
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == torch_file:
+            names.add(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        calls()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
 def test_native_route_is_taken_from_c(accel: Accel[Any]) -> None:
     """The C-called whole-tree methods really run fastmodule's bodies once accelerated,
     so the parity tests above compare two different implementations."""
-    torch_file = sys.modules["torch.nn.modules.module"].__file__
     model = small()
 
-    def torch_frames() -> set[str]:
-        names: set[str] = set()
+    def calls() -> None:
+        via_c("state_dict", model)
+        list(via_c("named_parameters", model))
 
-        def prof(frame: Any, event: str, arg: Any) -> None:
-            if event == "call" and frame.f_code.co_filename == torch_file:
-                names.add(frame.f_code.co_name)
-
-        sys.setprofile(prof)
-        try:
-            via_c("state_dict", model)
-            list(via_c("named_parameters", model))
-        finally:
-            sys.setprofile(None)
-        return names
-
-    assert {"state_dict", "named_parameters"} <= torch_frames()
+    assert {"state_dict", "named_parameters"} <= torch_frames(calls)
     accel(model)
-    assert torch_frames().isdisjoint({"state_dict", "_save_to_state_dict", "named_parameters"})
+    assert torch_frames(calls).isdisjoint({"state_dict", "_save_to_state_dict", "named_parameters"})
 
 
 TORCH_HELPERS = {
@@ -1152,32 +1157,19 @@ def test_native_route_is_taken_from_python(accel: Accel[Any]) -> None:
     """Called from Python code (which 3.11 inlines, bypassing the vectorcall), the
     whole-tree methods of an accelerated model run fastmodule's bodies too: none of
     the helpers torch's own bodies call is entered."""
-    torch_file = sys.modules["torch.nn.modules.module"].__file__
     model = small()
 
-    def torch_frames() -> set[str]:
-        names: set[str] = set()
+    def calls() -> None:
+        model.load_state_dict(model.state_dict())
+        list(model.named_parameters())
+        list(model.children())
+        model.train()
+        model.zero_grad()
+        model.float()
 
-        def prof(frame: Any, event: str, arg: Any) -> None:
-            if event == "call" and frame.f_code.co_filename == torch_file:
-                names.add(frame.f_code.co_name)
-
-        sys.setprofile(prof)
-        try:
-            sd = model.state_dict()
-            model.load_state_dict(sd)
-            list(model.named_parameters())
-            list(model.children())
-            model.train()
-            model.zero_grad()
-            model.float()
-        finally:
-            sys.setprofile(None)
-        return names
-
-    assert TORCH_HELPERS <= torch_frames()
+    assert TORCH_HELPERS <= torch_frames(calls)
     accel(model)
-    assert torch_frames().isdisjoint(TORCH_HELPERS)
+    assert torch_frames(calls).isdisjoint(TORCH_HELPERS)
 
 
 def test_routed_torch_functions_look_unchanged() -> None:

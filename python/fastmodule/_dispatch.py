@@ -69,7 +69,10 @@ def caller_stacklevel(name: str) -> int:
     method. The body is called by ``fastmodule.Module``'s method or (CPython 3.11)
     by torch's prefixed function, each one frame in between, or straight from the
     caller through torch's routed vectorcall entry point."""
-    caller = sys._getframe(2).f_code
+    try:
+        caller = sys._getframe(2).f_code
+    except ValueError:  # called with no Python frame above the body
+        return 2
     torch_file = original_code(name).co_filename
     between = caller is _METHOD_CODE or (
         caller.co_filename == torch_file and caller.co_name == name
