@@ -1,4 +1,4 @@
-"""Real-model cases: HF transformers GPT-2 and BERT, timm resnet18.
+"""Real-model cases: HF transformers GPT-2 and BERT, timm resnet18 and a small ViT.
 
 Each model is built from a config with random weights (nothing is
 downloaded). The three columns time the very same model object:
@@ -175,6 +175,23 @@ def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
     return _three_contexts(model, "run()", {"run": run}, _sync(device))
 
 
+def _build_vit_forward(device: torch.device) -> dict[str, Variant]:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=10
+    )
+    model = model.eval().to(device)
+    x = torch.randn(1, 3, 32, 32, device=device)
+
+    def run() -> torch.Tensor:
+        return model(x)
+
+    _checked(model, run, torch.equal)
+    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+
+
 def _have(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
@@ -214,6 +231,15 @@ MODEL_CASES: tuple[Case, ...] = tuple(
                 "resnet18_forward",
                 "timm resnet18, 1x3x64x64, batch 1",
                 _build_resnet18_forward,
+                uses_device=True,
+            ),
+            "timm",
+        ),
+        (
+            Case(
+                "vit_forward",
+                "timm ViT-Tiny (12 blocks, dim 192), 1x3x32x32 in 8x8 patches, batch 1",
+                _build_vit_forward,
                 uses_device=True,
             ),
             "timm",
