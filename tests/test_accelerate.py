@@ -1285,6 +1285,36 @@ def test_torch_compile_fullgraph_inlines_torch_walks(
     compare(UsesWalks, scenario, accel)
 
 
+def test_compiled_walks_recompile_at_most_once_when_acceleration_starts(
+    accel: Accel[Any],
+) -> None:
+    """A compiled forward that inlines torch's walks keeps its graph when some other
+    model is accelerated; on 3.11, where Dynamo guards the prefix's flag, it is
+    compiled once more, and only the first time the flag changes."""
+    import torch._dynamo.testing
+
+    from fastmodule import inline_routes
+
+    torch.manual_seed(0)
+    model = UsesWalks()
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = x_in()
+    expected = model(x)
+    counts = [counter.frame_count]
+    torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
+    counts.append(counter.frame_count)
+    accel(nn.Sequential(nn.Tanh()))
+    torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
+    counts.append(counter.frame_count)
+    _core.restore_class(nn.Tanh)
+    _core.restore_class(nn.Sequential)
+    torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
+    counts.append(counter.frame_count)
+    extra = 1 if "parameters" in inline_routes.prefixed() else 0
+    assert counts == [0, 1, 1 + extra, 1 + extra]
+
+
 def test_warnings_point_at_the_caller(accel: Accel[Any]) -> None:
     """The FutureWarning for positional ``state_dict`` arguments and the replica
     ``zero_grad`` warning name the caller's line, as stock's do, whichever route

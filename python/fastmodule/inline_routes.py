@@ -47,7 +47,7 @@ import torch
 
 from fastmodule import _core
 
-__all__ = ["NEEDED", "install", "original_code"]
+__all__ = ["NEEDED", "install", "original_code", "prefixed"]
 
 #: Whether this interpreter needs the prefixed code (3.11 inlines Python calls).
 NEEDED = sys.version_info[:2] == (3, 11)
@@ -65,6 +65,11 @@ _ORIGINAL: dict[str, types.CodeType] = {}
 def original_code(name: str) -> types.CodeType:
     """torch's own code for ``torch.nn.Module.<name>``, never the prefixed one."""
     return _ORIGINAL.get(name) or torch.nn.Module.__dict__[name].__code__
+
+
+def prefixed() -> list[str]:
+    """The names of torch's functions whose code :func:`install` prefixed."""
+    return sorted(_ORIGINAL)
 
 
 def _route(self: Any) -> bool:
