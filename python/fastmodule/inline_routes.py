@@ -25,7 +25,9 @@ PEP 523 frame evaluator installed) when called eagerly. What a tracer that
 reads bytecode (Dynamo) sees instead is the body of :func:`_route`, which
 returns ``False``: the call goes through ``functools.partial``, which CPython
 calls through the function's vectorcall, and that entry point is fastmodule's
-check. So ``torch.compile`` inlines torch's own code exactly as before.
+check. So ``torch.compile`` inlines torch's own code exactly as before; it
+guards the flag, so a compiled function that inlines one of these methods is
+compiled once more the first time the flag changes after compiling.
 
 The new code comes from compiling torch's source file with those statements
 added, and only for functions whose code compiling the file unchanged
