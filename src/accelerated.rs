@@ -79,16 +79,17 @@ pub fn add(cls: &Bound<'_, PyType>) -> PyResult<()> {
 
 pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
     let tp = cls.as_ptr() as usize;
-    let (released, any_left) = {
+    let released = {
         let mut owned = lock()?;
         let Some(r) = owned.classes.remove(&tp) else {
             return Ok(false);
         };
         publish(&mut owned);
-        (r, !owned.classes.is_empty())
+        r
     };
-    // Dropped outside the lock: releasing a class may run Python code.
+    // Dropped outside the lock: releasing a class may run Python code (which
+    // may accelerate another class, hence `any()` read afterwards).
     drop(released);
-    crate::routes::note_accelerated(cls.py(), any_left)?;
+    crate::routes::note_accelerated(cls.py(), any())?;
     Ok(true)
 }
