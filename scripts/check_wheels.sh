@@ -22,7 +22,11 @@ class M(fastmodule.Module):
 m = M()
 m.w = torch.nn.Parameter(torch.zeros(1))
 assert m(torch.zeros(1)).item() == 1.0 and fastmodule.slots_of(M) == (True, True, True)
-print("ok", fastmodule.__version__, "torch", torch.__version__)
+seq = fastmodule.accelerate(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+assert fastmodule.is_accelerated(seq[0]) and list(seq.state_dict()) == ["0.weight", "0.bias"]
+from fastmodule import inline_routes
+print("ok", fastmodule.__version__, "torch", torch.__version__,
+      "torch functions prefixed (3.11 only):", len(inline_routes.prefixed()))
 ')
   rm -rf "$(dirname "$venv")"
 done
