@@ -20,7 +20,7 @@
 //! unexpected keys in torch's order. Anything else calls the module's own
 //! `_load_from_state_dict`, before anything of it was touched.
 use crate::items::Items;
-use crate::lookup::{exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
+use crate::lookup::{data_attr, exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
 use crate::names::{self, Kind};
 use crate::state::Globals;
 use crate::traversal::{is_native, original, Depth, Method, Recursion};
@@ -418,8 +418,8 @@ fn native_load_from_state_dict<'py>(
         match local.get_item(&key) {
             Ok(input) => {
                 if !is_tensor(&input)
-                    || !param.getattr(shape)?.eq(input.getattr(shape)?)?
-                    || truthy(param.getattr(intern!(py, "is_meta")))?
+                    || !data_attr(&param, shape)?.eq(data_attr(&input, shape)?)?
+                    || truthy(data_attr(&param, intern!(py, "is_meta")))?
                 {
                     return Ok(false);
                 }
