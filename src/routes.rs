@@ -36,6 +36,13 @@ unsafe impl Send for Routes {}
 unsafe impl Sync for Routes {}
 static ROUTES: OnceLock<Routes> = OnceLock::new();
 
+/// The router's question for a call of torch's method with `slf` first: run
+/// fastmodule's body (a fast instance, no PEP 523 frame evaluator installed)?
+#[inline(always)]
+unsafe fn to_body(slf: *mut ffi::PyObject) -> bool {
+    globals().is_some_and(|g| !custom_eval_frame() && is_fast_instance(g, slf))
+}
+
 unsafe extern "C" fn routed(
     callable: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
@@ -48,35 +55,24 @@ unsafe extern "C" fn routed(
     let Some(route) = routes.0.iter().find(|r| r.func == callable) else {
         return crate::errors::not_initialised();
     };
-    let nargs = ffi::PyVectorcall_NARGS(nargsf) as usize;
-    if let Some(g) = globals() {
-        if nargs >= 1 && !custom_eval_frame() && is_fast_instance(g, *args) {
-            return ffi::PyObject_Vectorcall(route.body, args, nargsf, kwnames);
-        }
+    if ffi::PyVectorcall_NARGS(nargsf) >= 1 && to_body(*args) {
+        return ffi::PyObject_Vectorcall(route.body, args, nargsf, kwnames);
     }
     (route.original)(callable, args, nargsf, kwnames)
 }
 
-/// The eager answer of `fastmodule.inline_routes`' check, "should this call of
-/// torch's method run fastmodule's body for `self`?": the routed vectorcall's
-/// own test. The Python function it is installed on answers `False`, which is
-/// what Dynamo sees when it traces torch's prefixed code.
+/// The eager answer of `fastmodule.inline_routes`' check `_fastmodule_route(self)`:
+/// [`to_body`]. The Python function it is installed on answers `False`, which
+/// is what Dynamo sees when it traces torch's prefixed code.
 unsafe extern "C" fn route_check(
     _callable: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargsf: usize,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    let nargs = ffi::PyVectorcall_NARGS(nargsf);
-    let fast = match globals() {
-        Some(g) => {
-            nargs == 1
-                && (kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0)
-                && !custom_eval_frame()
-                && is_fast_instance(g, *args)
-        }
-        None => false,
-    };
+    let fast = ffi::PyVectorcall_NARGS(nargsf) == 1
+        && (kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0)
+        && to_body(*args);
     let out = if fast {
         ffi::Py_True()
     } else {

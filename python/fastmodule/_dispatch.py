@@ -28,9 +28,6 @@ __all__ = ["BODIES", "caller_stacklevel", "torch_code", "torch_constant", "torch
 #: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
 BODIES: dict[str, Callable[..., Any]] = {}
 
-# The code of every method torch_method builds (one closure code object).
-_METHOD_CODE: types.CodeType | None = None
-
 
 def torch_code(name: str) -> Callable[..., Any]:
     """A private copy of torch's ``nn.Module.<name>`` function: the same code,
@@ -98,11 +95,17 @@ def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) ->
             return getattr(torch.nn.Module, name)(self, *args, **kwargs)
         return body(self, *args, **kwargs)
 
-    global _METHOD_CODE
-    _METHOD_CODE = method.__code__
     method.__name__ = name
     method.__qualname__ = f"Module.{name}"
     method.__doc__ = original.__doc__
     method.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
     method.__module__ = body.__module__
     return method
+
+
+# The code of every method torch_method builds (one nested code object).
+_METHOD_CODE = next(
+    c
+    for c in torch_method.__code__.co_consts
+    if isinstance(c, types.CodeType) and c.co_name == "method"
+)

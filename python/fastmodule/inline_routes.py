@@ -177,9 +177,7 @@ def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[st
         if same is not None and same.co_code == code.co_code:
             found[name] = fn
     for name, fn in found.items():
-        first = fn.body[0] if fn.body else None
-        has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-        has_doc = has_doc and isinstance(first.value.value, str)  # type: ignore[union-attr]
+        has_doc = ast.get_docstring(fn, clean=False) is not None
         fn.body.insert(1 if has_doc else 0, _prefix(fn, name, name in walked))
     prefixed = compile(tree, filename, "exec", dont_inherit=True)
     out: dict[str, types.CodeType] = {}
@@ -192,35 +190,31 @@ def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[st
     return out
 
 
-def install(bodies: dict[str, Callable[..., Any]], walked: Iterable[str]) -> list[str]:
+def install(bodies: dict[str, Callable[..., Any]], walked: Iterable[str]) -> None:
     """Prefix torch's ``nn.Module.<name>`` for each name in ``bodies`` (once, on
-    3.11 only). ``walked``: the generator methods whose body is exactly
-    ``yield from _core.walk(name, self, <torch's parameters>)``. Returns the
-    names that were prefixed."""
+    3.11 only; :func:`prefixed` says which were). ``walked``: the generator
+    methods whose body is exactly ``yield from _core.walk(name, self, <torch's
+    parameters>)``."""
     if not NEEDED or _ORIGINAL:
-        return sorted(_ORIGINAL)
+        return
     walked = set(walked)
-    check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
+    namespace = sys.modules[torch.nn.Module.__module__].__dict__
     funcs: dict[str, types.FunctionType] = {}
     for name in bodies:
         func = torch.nn.Module.__dict__.get(name)
-        if not isinstance(func, types.FunctionType):
+        if not isinstance(func, types.FunctionType) or func.__globals__ is not namespace:
             continue
         if bool(func.__code__.co_flags & inspect.CO_GENERATOR) and name not in walked:
             continue
         funcs[name] = func
     new_codes = _prefixed(funcs, walked) if funcs else {}
     if not new_codes:
-        return []
-    namespace = torch.nn.modules.module.__dict__
+        return
+    check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
     _core.install_route_check(check, namespace, _FLAG)
     namespace[_ROUTE] = functools.partial(check)
     namespace[_WALK] = _core.walk
     namespace[_BODIES] = dict(bodies)
     for name, new in new_codes.items():
-        func = torch.nn.Module.__dict__[name]
-        if func.__globals__ is not namespace:
-            continue
-        _ORIGINAL[name] = func.__code__
-        func.__code__ = new
-    return sorted(_ORIGINAL)
+        _ORIGINAL[name] = funcs[name].__code__
+        funcs[name].__code__ = new
