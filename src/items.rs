@@ -64,6 +64,31 @@ impl Items {
         Ok(Items::Iter(it.unbind()))
     }
 
+    /// An exact dict's iteration resumed where a recorded walk left it.
+    pub fn resume(
+        dict: Py<PyAny>,
+        pos: ffi::Py_ssize_t,
+        used: ffi::Py_ssize_t,
+        left: ffi::Py_ssize_t,
+    ) -> Items {
+        Items::Dict {
+            dict,
+            pos,
+            used,
+            left,
+        }
+    }
+
+    /// `(dict, position, size when opened)` of an exact dict's iteration.
+    pub fn dict_state(&self) -> Option<(*mut ffi::PyObject, ffi::Py_ssize_t, ffi::Py_ssize_t)> {
+        match self {
+            Items::Dict {
+                dict, pos, used, ..
+            } => Some((dict.as_ptr(), *pos, *used)),
+            Items::Iter(_) => None,
+        }
+    }
+
     /// `d.items()` for an exact dict `d` already read from the module.
     pub fn of_dict(d: &Bound<'_, PyAny>) -> Items {
         let used = unsafe { ma_used(d.as_ptr()) };
@@ -158,7 +183,7 @@ fn same_fn<F: Copy + PartialEq>(a: Option<F>, b: Option<F>) -> bool {
 /// remembered while the class's `tp_version_tag` is unchanged (assigning
 /// `__hash__`/`__eq__` on it or a base resets the tag).
 #[inline(always)]
-unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
+pub unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(obj);
     let version = (*tp).tp_version_tag;
     let slot = &mut (*HASH_KIND.0.get())[((tp as usize) >> 4) & (HASH_KINDS - 1)];
@@ -419,6 +444,32 @@ impl Memo {
                 objs.push(obj.clone().unbind());
             }
         }
+    }
+
+    /// A whole-tree identity memo holding `objs` (distinct, identity-hashed),
+    /// as if each had been added in turn.
+    pub fn from_held(objs: Vec<Py<PyAny>>) -> Memo {
+        let mut m = Memo::for_tree();
+        if objs.len() > INLINE {
+            let mut set = Addresses::with_capacity(objs.len(), objs.len());
+            for o in &objs {
+                set.insert(o.as_ptr() as usize);
+            }
+            return Memo::Identity(set, objs, true);
+        }
+        if let Memo::Small(n, slots, _) = &mut m {
+            for o in objs {
+                slots[*n] = Some(o);
+                *n += 1;
+            }
+        }
+        m
+    }
+
+    /// Does the memo still answer by identity alone (no Python `set`, no
+    /// caller's object)?
+    pub fn is_identity(&self) -> bool {
+        matches!(self, Memo::Small(..) | Memo::Identity(..))
     }
 
     /// The memo as a Python object (converting it to a set), to hand to Python code.

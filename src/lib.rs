@@ -32,6 +32,7 @@ mod lookup;
 mod methods;
 mod names;
 mod paths;
+mod plans;
 mod register;
 mod routes;
 mod runtime;
@@ -76,6 +77,18 @@ fn walk<'py>(
         pyo3::exceptions::PyValueError::new_err(format!("not a wrapped method: {method}"))
     })?;
     traversal::call_root(py, m, module, args)
+}
+
+/// Forget every recorded walk (the next walk of each tree records anew).
+#[pyfunction]
+fn clear_plans() {
+    plans::clear();
+}
+
+/// `(walks recorded as plans, walks started from a plan)` since import.
+#[pyfunction]
+fn plan_stats() -> (usize, usize) {
+    plans::stats()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
@@ -237,6 +250,8 @@ fn odict_state_offset(py: Python<'_>) -> PyResult<Option<usize>> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;

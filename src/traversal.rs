@@ -14,8 +14,9 @@
 //! pathologically deep tree raises RecursionError as in stock instead of
 //! overflowing the native stack.
 use crate::ffi_ext::type_lookup;
-use crate::items::{join, Items, Memo};
+use crate::items::{identity_hashed, join, Items, Memo};
 use crate::lookup::instance_dict;
+use crate::plans::{self, Item, ItemKind, Node, NodeKind, Plan, Recorder, Reg};
 use crate::state::{require, Globals};
 use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
@@ -24,7 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyIterator, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The methods whose dispatch the walks follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,6 +293,45 @@ struct Frame {
     /// `prefix + "."`, built for the first child that needs it.
     dotted: Option<Py<PyAny>>,
     state: State,
+    /// The frame's node in the plan being recorded.
+    node: u32,
+}
+
+/// A frame a replay has open: its node and `_modules`' iteration.
+struct Shadow {
+    node: u32,
+    dict: Py<PyAny>,
+    pos: ffi::Py_ssize_t,
+    left: ffi::Py_ssize_t,
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    /// Nothing yielded yet.
+    Start,
+    /// Node `.0` was just yielded; its `_modules` is read on resuming.
+    After(u32),
+    /// Iterating the top shadow frame's `_modules`.
+    Items,
+}
+
+/// A `named_modules` walk replaying a plan (see `crate::plans`).
+struct Replay {
+    plan: Arc<Plan>,
+    /// The next node to take.
+    next: usize,
+    shadow: Vec<Shadow>,
+    /// The memo's modules, in order (kept alive as the memo would).
+    held: Vec<Py<PyAny>>,
+    phase: Phase,
+}
+
+/// What a replay step produced.
+enum Replayed<'py> {
+    Pair(Bound<'py, PyAny>, Bound<'py, PyAny>),
+    Done,
+    /// Handed over to the live walker.
+    Live,
 }
 
 /// Native `named_modules(memo, prefix, remove_duplicate)` generator.
@@ -303,9 +343,15 @@ pub struct NamedModules {
     memo: Memo,
     remove_duplicate: Py<PyAny>,
     rd: bool,
+    replay: Option<Box<Replay>>,
+    rec: Option<Box<Recorder>>,
 }
 
+const NO_NODE: u32 = u32::MAX;
+
 impl NamedModules {
+    /// `registry`: the plan kind (0 for `named_modules`, 1/2 when driving a
+    /// `_named_members` walk of `_parameters`/`_buffers`).
     pub fn new<'py>(
         _py: Python<'py>,
         module: &Bound<'py, PyAny>,
@@ -313,24 +359,90 @@ impl NamedModules {
         prefix: &Bound<'py, PyAny>,
         remove_duplicate: &Bound<'py, PyAny>,
         values: bool,
+        registry: u8,
     ) -> PyResult<Self> {
+        let rd = remove_duplicate.is_truthy()?;
         // A caller's memo is used as is, through its own `in` and `.add`.
-        let memo = match memo {
-            Some(m) if !m.is_none() => Memo::from_object(m),
-            _ => Memo::for_tree(),
+        let (memo, plannable) = match memo {
+            Some(m) if !m.is_none() => (Memo::from_object(m), false),
+            _ => (Memo::for_tree(), rd),
         };
-        Ok(NamedModules {
+        let mut walker = NamedModules {
             values,
             stack: vec![Frame {
                 module: module.clone().unbind(),
                 prefix: prefix.clone().unbind(),
                 dotted: None,
                 state: State::Entry,
+                node: 0,
             }],
             memo,
             remove_duplicate: remove_duplicate.clone().unbind(),
-            rd: remove_duplicate.is_truthy()?,
-        })
+            rd,
+            replay: None,
+            rec: None,
+        };
+        let exact = unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0 };
+        if plannable && exact {
+            let key = plans::Key {
+                root: module.as_ptr() as usize,
+                prefix: prefix.as_ptr() as usize,
+                registry,
+                values,
+            };
+            let found = plans::find(&key).filter(|plan| {
+                let holds = plans::root_holds(plan, module.as_ptr());
+                if !holds {
+                    plans::forget(plan);
+                }
+                holds
+            });
+            if let Some(plan) = found {
+                plans::note_replay();
+                walker.stack.clear();
+                walker.replay = Some(Box::new(Replay {
+                    plan,
+                    next: 1,
+                    shadow: Vec::new(),
+                    held: Vec::new(),
+                    phase: Phase::Start,
+                }));
+            } else if let Some(seen) = unsafe { plans::Seen::now(module.as_ptr()) } {
+                let mut rec = Recorder::new(key);
+                rec.plan.nodes.push(Node {
+                    kind: NodeKind::Root,
+                    module: module.as_ptr(),
+                    depth: 0,
+                    ppos: 0,
+                    seen,
+                    prefix: Some(prefix.clone().unbind()),
+                    mods: Reg::NONE,
+                    reg: Reg::NONE,
+                    items: (0, 0),
+                });
+                walker.rec = Some(Box::new(rec));
+            }
+        }
+        Ok(walker)
+    }
+
+    /// The plan node of the pair just yielded, while replaying.
+    fn replay_node(&self) -> Option<(*const Plan, u32)> {
+        match &self.replay {
+            Some(r) => match r.phase {
+                Phase::After(j) => Some((Arc::as_ptr(&r.plan), j)),
+                _ => None,
+            },
+            None => None,
+        }
+    }
+
+    /// The plan node of the top frame, while recording.
+    fn recording_node(&self) -> Option<u32> {
+        match (&self.rec, self.stack.last()) {
+            (Some(r), Some(f)) if r.ok && f.node != NO_NODE => Some(f.node),
+            _ => None,
+        }
     }
 
     fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -345,19 +457,177 @@ impl NamedModules {
         }
     }
 
+    /// One replay step: each check runs where the live walker would read
+    /// what it covers; the first that fails hands over in that very state.
+    fn replay_step<'py>(&mut self, py: Python<'py>) -> Replayed<'py> {
+        let Some(r) = self.replay.as_mut() else {
+            return Replayed::Live;
+        };
+        // SAFETY: the plan outlives every use below (`materialize`, which
+        // drops this replay's reference, comes last).
+        let plan: &Plan = unsafe { &*Arc::as_ptr(&r.plan) };
+        unsafe {
+            loop {
+                match r.phase {
+                    Phase::Start => {
+                        let root = &plan.nodes[0];
+                        if !identity_hashed(root.module) {
+                            break;
+                        }
+                        let m = Bound::from_borrowed_ptr(py, root.module);
+                        r.held.push(m.clone().unbind());
+                        r.phase = Phase::After(0);
+                        let prefix = match &root.prefix {
+                            Some(p) => p.bind(py).clone(),
+                            None => break,
+                        };
+                        return Replayed::Pair(prefix, m);
+                    }
+                    Phase::After(j) => {
+                        let n = &plan.nodes[j as usize];
+                        if n.mods.dict.is_null() || !n.seen.holds(n.module) || !n.mods.unchanged() {
+                            break;
+                        }
+                        r.shadow.push(Shadow {
+                            node: j,
+                            dict: Bound::from_borrowed_ptr(py, n.mods.dict).unbind(),
+                            pos: 0,
+                            left: n.mods.used,
+                        });
+                        r.phase = Phase::Items;
+                    }
+                    Phase::Items => {
+                        let depth = r.shadow.len();
+                        let Some(top) = r.shadow.last_mut() else {
+                            self.replay = None;
+                            return Replayed::Done;
+                        };
+                        let tn = &plan.nodes[top.node as usize];
+                        if !tn.mods.unchanged() {
+                            break;
+                        }
+                        let i = r.next;
+                        match plan.nodes.get(i) {
+                            Some(n) if n.depth == tn.depth + 1 => {
+                                if n.kind == NodeKind::Empty {
+                                    top.pos = n.ppos;
+                                    top.left -= 1;
+                                    r.next += 1;
+                                    continue;
+                                }
+                                if !n.seen.holds(n.module)
+                                    || depth as i64 >= ffi::Py_GetRecursionLimit() as i64
+                                    || !identity_hashed(n.module)
+                                {
+                                    break;
+                                }
+                                top.pos = n.ppos;
+                                top.left -= 1;
+                                r.next += 1;
+                                if n.kind == NodeKind::Dup {
+                                    continue;
+                                }
+                                let m = Bound::from_borrowed_ptr(py, n.module);
+                                r.held.push(m.clone().unbind());
+                                r.phase = Phase::After(i as u32);
+                                let prefix = match &n.prefix {
+                                    Some(p) => p.bind(py).clone(),
+                                    None => break,
+                                };
+                                return Replayed::Pair(prefix, m);
+                            }
+                            _ => {
+                                r.shadow.pop();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.materialize(py);
+        Replayed::Live
+    }
+
+    /// Rebuild the live walker's state from the replay's.
+    fn materialize(&mut self, py: Python<'_>) {
+        let Some(r) = self.replay.take() else { return };
+        let r = *r;
+        let plan = r.plan;
+        plans::forget(&plan);
+        let mut stack = Vec::with_capacity(r.shadow.len() + 1);
+        for s in r.shadow {
+            let n = &plan.nodes[s.node as usize];
+            let Some(prefix) = &n.prefix else { continue };
+            stack.push(Frame {
+                module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
+                prefix: prefix.clone_ref(py),
+                dotted: None,
+                state: State::Items(Items::resume(s.dict, s.pos, n.mods.used, s.left)),
+                node: NO_NODE,
+            });
+        }
+        let top = match r.phase {
+            Phase::Start => Some((0, State::Entry)),
+            Phase::After(j) => Some((j, State::Resume)),
+            Phase::Items => None,
+        };
+        if let Some((j, state)) = top {
+            let n = &plan.nodes[j as usize];
+            if let Some(prefix) = &n.prefix {
+                stack.push(Frame {
+                    module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
+                    prefix: prefix.clone_ref(py),
+                    dotted: None,
+                    state,
+                    node: NO_NODE,
+                });
+            }
+        }
+        self.stack = stack;
+        self.memo = if self.rd {
+            Memo::from_held(r.held)
+        } else {
+            Memo::for_tree()
+        };
+    }
+
+    fn abandon_recording(&mut self) {
+        self.rec = None;
+    }
+
     /// The next `(prefix, module)` (the prefix is not built for native
     /// children when only modules are wanted), or a pair yielded by an
     /// overriding `named_modules`, as it yielded it.
     fn step_pair<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Yielded<'py>>> {
+        if self.replay.is_some() {
+            match self.replay_step(py) {
+                Replayed::Pair(p, m) => return Ok(Some(Yielded::Pair(p, m))),
+                Replayed::Done => return Ok(None),
+                Replayed::Live => {}
+            }
+        }
         let g = require(py)?;
         loop {
+            let depth = self.stack.len() as u32;
             let Some(top) = self.stack.last_mut() else {
+                if let Some(rec) = self.rec.take() {
+                    rec.finish();
+                }
                 return Ok(None);
             };
             match &mut top.state {
                 State::Entry => {
                     let module = top.module.bind(py).clone();
-                    if self.memo.seen_or_add(&module, self.rd)? {
+                    let node = top.node;
+                    let seen = self.memo.seen_or_add(&module, self.rd)?;
+                    if let Some(rec) = self.rec.as_mut() {
+                        if !self.memo.is_identity() {
+                            rec.ok = false;
+                        } else if seen && node != NO_NODE {
+                            rec.plan.nodes[node as usize].kind = NodeKind::Dup;
+                        }
+                    }
+                    if seen {
                         self.stack.pop();
                         continue;
                     }
@@ -367,14 +637,46 @@ impl NamedModules {
                 }
                 State::Resume => {
                     let module = top.module.bind(py).clone();
-                    top.state = State::Items(Items::of(&module, intern!(py, "_modules"))?);
+                    let items = Items::of(&module, intern!(py, "_modules"))?;
+                    if let Some(rec) = self.rec.as_mut() {
+                        match (items.dict_state(), top.node) {
+                            (Some((d, _, used)), node) if node != NO_NODE => {
+                                rec.plan.nodes[node as usize].mods = Reg {
+                                    dict: d,
+                                    version: unsafe { crate::callcache::dict_version(d) },
+                                    used,
+                                };
+                            }
+                            _ => rec.ok = false,
+                        }
+                    }
+                    top.state = State::Items(items);
                 }
                 State::Items(it) => {
                     let Some((name, child)) = it.next(py)? else {
                         self.stack.pop();
                         continue;
                     };
+                    let ppos = it.dict_state().map_or(0, |s| s.1);
                     if child.is_none() {
+                        if let Some(rec) = self.rec.as_mut() {
+                            rec.plan.nodes.push(Node {
+                                kind: NodeKind::Empty,
+                                module: std::ptr::null_mut(),
+                                depth,
+                                ppos,
+                                seen: plans::Seen {
+                                    tp: std::ptr::null_mut(),
+                                    tp_version: 0,
+                                    dict: std::ptr::null_mut(),
+                                    version: 0,
+                                },
+                                prefix: None,
+                                mods: Reg::NONE,
+                                reg: Reg::NONE,
+                                items: (0, 0),
+                            });
+                        }
                         continue;
                     }
                     let prefix = top.prefix.bind(py).clone();
@@ -391,14 +693,38 @@ impl NamedModules {
                         Some(s) => s?,
                         None => match join(&prefix, &name, skip)? {
                             Some(s) => s,
-                            None => prefix,
+                            None => prefix.clone(),
                         },
                     };
-                    if self.stack.len() as i64 >= unsafe { ffi::Py_GetRecursionLimit() } as i64 {
+                    if depth as i64 >= unsafe { ffi::Py_GetRecursionLimit() } as i64 {
                         // torch's nested generators would exceed the limit here.
                         return Err(pyo3::exceptions::PyRecursionError::new_err(
                             "maximum recursion depth exceeded",
                         ));
+                    }
+                    let mut node = NO_NODE;
+                    if let Some(rec) = self.rec.as_mut() {
+                        let pure = unsafe {
+                            ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+                                && ffi::PyUnicode_CheckExact(name.as_ptr()) != 0
+                        };
+                        match unsafe { plans::Seen::now(child.as_ptr()) } {
+                            Some(seen) if native && pure => {
+                                node = rec.plan.nodes.len() as u32;
+                                rec.plan.nodes.push(Node {
+                                    kind: NodeKind::Live,
+                                    module: child.as_ptr(),
+                                    depth,
+                                    ppos,
+                                    seen,
+                                    prefix: Some(sub.clone().unbind()),
+                                    mods: Reg::NONE,
+                                    reg: Reg::NONE,
+                                    items: (0, 0),
+                                });
+                            }
+                            _ => rec.ok = false,
+                        }
                     }
                     let state = if native {
                         State::Entry
@@ -417,6 +743,7 @@ impl NamedModules {
                         prefix: sub.unbind(),
                         dotted: None,
                         state,
+                        node,
                     });
                 }
                 State::Delegate(it) => {
@@ -447,6 +774,8 @@ impl NamedModules {
         if r.is_err() {
             // Like a generator that raised: finished from now on.
             self.stack.clear();
+            self.replay = None;
+            self.abandon_recording();
         }
         r
     }
@@ -458,6 +787,8 @@ impl NamedModules {
     fn __clear__(&mut self) {
         self.stack.clear();
         self.memo.clear();
+        self.replay = None;
+        self.rec = None;
     }
 }
 
@@ -477,6 +808,14 @@ impl NamedModules {
                 State::Delegate(i) => visit.call(i)?,
             }
         }
+        if let Some(r) = &self.replay {
+            for o in &r.held {
+                visit.call(o)?;
+            }
+            for s in &r.shadow {
+                visit.call(&s.dict)?;
+            }
+        }
         Ok(())
     }
 }
@@ -490,8 +829,26 @@ enum Source {
 }
 
 /// The module `_named_members` is walking: its prefix, `prefix + "."` once
-/// `dotted_join` has built it, and its registry's items.
-type Current = (Py<PyAny>, Option<Py<PyAny>>, Items);
+/// `dotted_join` has built it, its registry's items, and its node in the plan
+/// being recorded.
+type Current = (Py<PyAny>, Option<Py<PyAny>>, Items, u32);
+
+/// The member side of a replay: the node whose registry is being replayed.
+struct MemberCursor {
+    node: u32,
+    dict: Py<PyAny>,
+    pos: ffi::Py_ssize_t,
+    left: ffi::Py_ssize_t,
+    /// The next entry in `Plan::items`.
+    k: u32,
+}
+
+struct MemberReplay {
+    plan: Arc<Plan>,
+    cur: Option<MemberCursor>,
+    /// The member memo's objects, in order.
+    held: Vec<Py<PyAny>>,
+}
 
 /// Native `_named_members(lambda m: m.<registry>.items(), prefix, recurse, remove_duplicate)`.
 #[pyclass(module = "fastmodule._core")]
@@ -503,6 +860,7 @@ pub struct NamedMembers {
     memo: Memo,
     rd: bool,
     done: bool,
+    replay: Option<Box<MemberReplay>>,
 }
 
 impl NamedMembers {
@@ -516,18 +874,21 @@ impl NamedMembers {
         values: bool,
     ) -> PyResult<Self> {
         let g = require(py)?;
+        let mut replay = None;
         let source = if !recurse {
             Source::Single(Some((prefix.clone().unbind(), module.clone().unbind())))
         } else if is_native(g, module, Method::NamedModules) {
             // Names are built only where the members' names need them.
-            Source::Native(Box::new(NamedModules::new(
-                py,
-                module,
-                None,
-                prefix,
-                remove_duplicate,
-                values,
-            )?))
+            let kind = if registry == "_parameters" { 1 } else { 2 };
+            let n = NamedModules::new(py, module, None, prefix, remove_duplicate, values, kind)?;
+            if let Some(r) = &n.replay {
+                replay = Some(Box::new(MemberReplay {
+                    plan: r.plan.clone(),
+                    cur: None,
+                    held: Vec::new(),
+                }));
+            }
+            Source::Native(Box::new(n))
         } else {
             let kw = PyDict::new(py);
             kw.set_item(intern!(py, "prefix"), prefix)?;
@@ -547,6 +908,7 @@ impl NamedMembers {
             memo: Memo::for_tree(),
             rd: remove_duplicate.is_truthy()?,
             done: false,
+            replay,
         })
     }
 
@@ -579,41 +941,259 @@ impl NamedMembers {
         }
     }
 
-    pub fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        loop {
-            if let Some((prefix, dotted, it)) = &mut self.current {
-                match it.next(py)? {
-                    Some((k, v)) => {
-                        if v.is_none() || self.memo.seen_or_add(&v, self.rd)? {
-                            continue;
-                        }
-                        if !self.values {
-                            if let Some(name) = dotted_join(py, dotted, prefix.bind(py), &k) {
-                                return Ok(Some(PyTuple::new(py, [name?, v])?.into_any()));
-                            }
-                        }
-                        return match join(prefix.bind(py), &k, self.values)? {
-                            _ if self.values => Ok(Some(v)),
-                            Some(name) => Ok(Some(PyTuple::new(py, [name, v])?.into_any())),
-                            None => Ok(Some(v)),
-                        };
-                    }
-                    None => self.current = None,
-                }
-            }
-            match self.next_module(py)? {
-                Some((prefix, module)) => {
-                    let reg = if self.registry == "_parameters" {
-                        intern!(py, "_parameters")
-                    } else {
-                        intern!(py, "_buffers")
-                    };
-                    let it = Items::of(&module, reg)?;
-                    self.current = Some((prefix.unbind(), None, it));
-                }
-                None => return Ok(None),
+    fn registry_name<'py>(&self, py: Python<'py>) -> &Bound<'py, PyString> {
+        if self.registry == "_parameters" {
+            intern!(py, "_parameters")
+        } else {
+            intern!(py, "_buffers")
+        }
+    }
+
+    /// Hand the member side over to the live walker, in the replay's state.
+    fn materialize(&mut self, py: Python<'_>) {
+        let Some(r) = self.replay.take() else { return };
+        let r = *r;
+        plans::forget(&r.plan);
+        if let Some(c) = r.cur {
+            let n = &r.plan.nodes[c.node as usize];
+            if let Some(prefix) = &n.prefix {
+                self.current = Some((
+                    prefix.clone_ref(py),
+                    None,
+                    Items::resume(c.dict, c.pos, n.reg.used, c.left),
+                    NO_NODE,
+                ));
             }
         }
+        self.memo = if self.rd {
+            Memo::from_held(r.held)
+        } else {
+            Memo::for_tree()
+        };
+    }
+
+    /// One replay step: `Ok(item or end)`, or `Err` once handed over to the
+    /// live walker (with the next module's pair if one was taken).
+    #[allow(clippy::type_complexity)]
+    fn replay_step<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Result<Option<Bound<'py, PyAny>>, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>>>
+    {
+        loop {
+            let Some(r) = self.replay.as_deref_mut() else {
+                return Ok(Err(None));
+            };
+            // SAFETY: the plan outlives every use below (`materialize`, which
+            // drops this replay's reference, comes last).
+            let plan: &Plan = unsafe { &*Arc::as_ptr(&r.plan) };
+            if let Some(c) = r.cur.as_mut() {
+                let n = &plan.nodes[c.node as usize];
+                let mut out = None;
+                let mut hand_over = false;
+                let mut exhausted = false;
+                unsafe {
+                    if !n.reg.unchanged() {
+                        hand_over = true;
+                    } else if c.k < n.items.1 {
+                        let it = &plan.items[c.k as usize];
+                        if it.kind != ItemKind::Empty
+                            && (!identity_hashed(it.value)
+                                || (it.kind == ItemKind::Live && !self.values && it.name.is_none()))
+                        {
+                            hand_over = true;
+                        } else {
+                            c.pos = it.pos;
+                            c.left -= 1;
+                            c.k += 1;
+                            if it.kind == ItemKind::Live {
+                                let v = Bound::from_borrowed_ptr(py, it.value);
+                                if self.rd {
+                                    r.held.push(v.clone().unbind());
+                                }
+                                out = Some(match (&it.name, self.values) {
+                                    (Some(name), false) => {
+                                        PyTuple::new(py, [name.bind(py).clone(), v])?.into_any()
+                                    }
+                                    _ => v,
+                                });
+                            }
+                        }
+                    } else {
+                        exhausted = true;
+                    }
+                }
+                if hand_over {
+                    self.materialize(py);
+                    return Ok(Err(None));
+                }
+                if let Some(o) = out {
+                    return Ok(Ok(Some(o)));
+                }
+                if exhausted {
+                    r.cur = None;
+                } else {
+                    continue;
+                }
+            }
+            // The next module, from the (possibly replaying) module walk.
+            let Some((prefix, module)) = self.next_module(py)? else {
+                return Ok(Ok(None));
+            };
+            let node = match &self.source {
+                Source::Native(n) => n.replay_node(),
+                _ => None,
+            };
+            let Some(r) = self.replay.as_deref_mut() else {
+                return Ok(Err(Some((prefix, module))));
+            };
+            if let Some((p, j)) = node {
+                if std::ptr::eq(p, Arc::as_ptr(&r.plan)) {
+                    let n = &r.plan.nodes[j as usize];
+                    unsafe {
+                        if !n.reg.dict.is_null() && n.seen.holds(n.module) && n.reg.unchanged() {
+                            let dict = Bound::from_borrowed_ptr(py, n.reg.dict).unbind();
+                            let (used, k) = (n.reg.used, n.items.0);
+                            r.cur = Some(MemberCursor {
+                                node: j,
+                                dict,
+                                pos: 0,
+                                left: used,
+                                k,
+                            });
+                            continue;
+                        }
+                    }
+                }
+            }
+            self.materialize(py);
+            return Ok(Err(Some((prefix, module))));
+        }
+    }
+
+    /// Start walking `module`'s registry (recording it where the module walk records).
+    fn open<'py>(
+        &mut self,
+        py: Python<'py>,
+        prefix: Bound<'py, PyAny>,
+        module: Bound<'py, PyAny>,
+    ) -> PyResult<()> {
+        let reg = self.registry_name(py).clone();
+        let it = Items::of(&module, &reg)?;
+        let mut node = NO_NODE;
+        let recording = match &self.source {
+            Source::Native(n) => n.recording_node(),
+            _ => None,
+        };
+        if let (Some(j), Some(rec)) = (recording, recorder(&mut self.source)) {
+            match it.dict_state() {
+                Some((d, _, used)) => {
+                    let start = rec.plan.items.len() as u32;
+                    let n = &mut rec.plan.nodes[j as usize];
+                    n.reg = Reg {
+                        dict: d,
+                        version: unsafe { crate::callcache::dict_version(d) },
+                        used,
+                    };
+                    n.items = (start, start);
+                    node = j;
+                }
+                None => rec.ok = false,
+            }
+        }
+        self.current = Some((prefix.unbind(), None, it, node));
+        Ok(())
+    }
+
+    pub fn step<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.replay.is_some() {
+            match self.replay_step(py)? {
+                Ok(v) => return Ok(v),
+                Err(Some((prefix, module))) => self.open(py, prefix, module)?,
+                Err(None) => {}
+            }
+        }
+        loop {
+            let Some((prefix, dotted, it, node)) = &mut self.current else {
+                match self.next_module(py)? {
+                    Some((prefix, module)) => {
+                        self.open(py, prefix, module)?;
+                        continue;
+                    }
+                    None => return Ok(None),
+                }
+            };
+            let node = *node;
+            let Some((k, v)) = it.next(py)? else {
+                self.current = None;
+                continue;
+            };
+            let pos = it.dict_state().map_or(0, |s| s.1);
+            let empty = v.is_none();
+            let dup = !empty && self.memo.seen_or_add(&v, self.rd)?;
+            let mut name = None;
+            let out = if empty || dup {
+                None
+            } else if self.values {
+                // torch builds the name and drops it: only code can see that.
+                join(prefix.bind(py), &k, true)?;
+                Some(v.clone())
+            } else {
+                let joined = match dotted_join(py, dotted, prefix.bind(py), &k) {
+                    Some(n) => Some(n?),
+                    None => join(prefix.bind(py), &k, false)?,
+                };
+                match joined {
+                    Some(n) => {
+                        name = Some(n.clone().unbind());
+                        Some(PyTuple::new(py, [n, v.clone()])?.into_any())
+                    }
+                    None => Some(v.clone()),
+                }
+            };
+            if node != NO_NODE {
+                let pure = unsafe {
+                    ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+                        && ffi::PyUnicode_CheckExact(k.as_ptr()) != 0
+                };
+                let identity = self.memo.is_identity();
+                if let Some(rec) = recorder(&mut self.source) {
+                    if pure && identity {
+                        rec.plan.items.push(Item {
+                            kind: if empty {
+                                ItemKind::Empty
+                            } else if dup {
+                                ItemKind::Dup
+                            } else {
+                                ItemKind::Live
+                            },
+                            value: if empty {
+                                std::ptr::null_mut()
+                            } else {
+                                v.as_ptr()
+                            },
+                            pos,
+                            name,
+                        });
+                        let end = rec.plan.items.len() as u32;
+                        rec.plan.nodes[node as usize].items.1 = end;
+                    } else {
+                        rec.ok = false;
+                    }
+                }
+            }
+            if let Some(o) = out {
+                return Ok(Some(o));
+            }
+        }
+    }
+}
+
+/// The recorder of a native module walk, while it records.
+fn recorder(source: &mut Source) -> Option<&mut Recorder> {
+    match source {
+        Source::Native(n) => n.rec.as_deref_mut().filter(|r| r.ok),
+        _ => None,
     }
 }
 
@@ -631,6 +1211,12 @@ impl NamedMembers {
         if !matches!(r, Ok(Some(_))) {
             self.done = true;
             self.current = None;
+            self.replay = None;
+            if r.is_err() {
+                if let Source::Native(n) = &mut self.source {
+                    n.abandon_recording();
+                }
+            }
         }
         r
     }
@@ -646,12 +1232,20 @@ impl NamedMembers {
             }
             Source::Single(None) => {}
         }
-        if let Some((p, d, i)) = &self.current {
+        if let Some((p, d, i, _)) = &self.current {
             visit.call(p)?;
             if let Some(d) = d {
                 visit.call(d)?;
             }
             i.traverse(&visit)?;
+        }
+        if let Some(r) = &self.replay {
+            for o in &r.held {
+                visit.call(o)?;
+            }
+            if let Some(c) = &r.cur {
+                visit.call(&c.dict)?;
+            }
         }
         Ok(())
     }
@@ -660,6 +1254,7 @@ impl NamedMembers {
         self.current = None;
         self.source = Source::Single(None);
         self.memo.clear();
+        self.replay = None;
     }
 }
 
@@ -803,7 +1398,7 @@ pub mod body {
     ) -> PyResult<Bound<'py, PyAny>> {
         Ok(Bound::new(
             py,
-            NamedModules::new(py, module, memo, prefix, remove_duplicate, values)?,
+            NamedModules::new(py, module, memo, prefix, remove_duplicate, values, 0)?,
         )?
         .into_any())
     }

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import fastmodule
 from tests.conftest import BASES, outcome
 
 Base = type[nn.Module]
@@ -506,6 +507,161 @@ def test_mutating_registries_while_iterating(meth: str, mutation: str, after: in
         return first, rest, ix.items(seen)
 
     assert_same(sc)
+
+
+# --------------------------------------------------------------------------- replayed walks
+# A complete walk of a tree is recorded; the next walk of the unchanged tree replays
+# the recording, checking each registry where the live walk would read it. These
+# scenarios walk twice first, so the walk under test starts from a recording.
+
+
+def _add_nested_param(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.inner.deep.late_p = nn.Parameter(torch.zeros(1))
+
+
+def _replace_param(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.a.w = nn.Parameter(torch.zeros(2))  # same keys, new value
+
+
+def _param_none(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.inner.deep.w = None
+
+
+def _replace_module(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.inner.deep = leaf()  # same keys, new value
+
+
+def _tie(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.seq[0].w = root.inner.deep.w
+
+
+def _shadow_walk(root: nn.Module, leaf: type[nn.Module]) -> None:
+    # An instance attribute shadowing the method: torch calls it.
+    root.inner.named_modules = lambda memo=None, prefix="", remove_duplicate=True: iter(
+        [(prefix + "!", root.inner)]
+    )
+
+
+def _patch_class(root: nn.Module, leaf: type[nn.Module]) -> None:
+    type(root.inner.deep).extra_attr = 1  # any class change
+
+
+def _new_module_dict(root: nn.Module, leaf: type[nn.Module]) -> None:
+    root.inner.__dict__ = dict(root.inner.__dict__)
+
+
+def _drop_rebuild(root: nn.Module, leaf: type[nn.Module]) -> None:
+    del root.inner
+    del root.tail
+    root.inner = leaf()
+
+
+REPLAY_MUTATIONS = {
+    **MUTATIONS,
+    "add_nested_param": _add_nested_param,
+    "replace_param": _replace_param,
+    "param_none": _param_none,
+    "replace_module": _replace_module,
+    "tie": _tie,
+    "shadow_walk": _shadow_walk,
+    "patch_class": _patch_class,
+    "new_module_dict": _new_module_dict,
+    "drop_rebuild": _drop_rebuild,
+}
+
+
+@pytest.mark.parametrize("after", [0, 1, 3, 6, 10])
+@pytest.mark.parametrize("mutation", list(REPLAY_MUTATIONS))
+@pytest.mark.parametrize("meth", ITERATORS)
+def test_mutating_registries_while_replaying(meth: str, mutation: str, after: int) -> None:
+    """A walk that starts from a recording and sees the tree change part way: the same
+    items, then the same RuntimeError (or none) as stock."""
+
+    def sc(b: Base) -> Any:
+        root = sample_tree(b)
+        Leaf, _ = sample_classes(b)
+        ix = Index(root)
+        full = [ix.items(getattr(root, meth)()) for _ in range(2)]
+        it = getattr(root, meth)()
+        seen: list[Any] = []
+        first = outcome(lambda: [seen.append(next(it)) for _ in range(after)] and None)
+        REPLAY_MUTATIONS[mutation](root, Leaf)
+        rest = outcome(lambda: seen.extend(it))
+        ix.extend(root)
+        again = outcome(lambda: ix.items(getattr(root, meth)()))
+        return full, first, rest, ix.items(seen), again
+
+    assert_same(sc)
+
+
+@pytest.mark.parametrize("mutation", list(REPLAY_MUTATIONS))
+def test_tree_changed_between_walks(mutation: str) -> None:
+    """Every walk after a change sees the change, recorded or not."""
+
+    def sc(b: Base) -> Any:
+        root = sample_tree(b)
+        Leaf, _ = sample_classes(b)
+        ix = Index(root)
+        before = [walks(root, ix) for _ in range(2)]
+        REPLAY_MUTATIONS[mutation](root, Leaf)
+        ix.extend(root)
+        after = [outcome(lambda: walks(root, ix)) for _ in range(2)]
+        return before, after
+
+    assert_same(sc)
+
+
+def test_second_walk_replays() -> None:
+    """White box: a complete walk is kept, and the next walk of the tree starts from it
+    (the scenarios above would pass without replaying at all)."""
+    from fastmodule import _core
+
+    root = sample_tree(fastmodule.Module)
+    for meth in ("named_modules", "modules", "named_parameters", "parameters", "buffers"):
+        recorded, replayed = _core.plan_stats()
+        list(getattr(root, meth)())
+        assert _core.plan_stats()[0] == recorded + 1, meth
+        list(getattr(root, meth)())
+        assert _core.plan_stats() == (recorded + 1, replayed + 1), meth
+    recorded, replayed = _core.plan_stats()
+    root.zero_grad()
+    root.zero_grad()
+    assert _core.plan_stats()[1] > replayed
+    # Not kept: a walk that stopped early, or one the tree changed under.
+    _core.clear_plans()
+    recorded, replayed = _core.plan_stats()
+    next(root.named_parameters())
+    it = root.named_parameters()
+    names = []
+    while "a.w" not in names:
+        names.append(next(it)[0])
+    root.a.w = nn.Parameter(torch.zeros(2))  # a registry this walk has read already
+    list(it)
+    assert _core.plan_stats() == (recorded, replayed)
+    # A change before the walk reads it is simply part of what it records.
+    it = root.named_parameters()
+    next(it)
+    root.late = nn.Linear(1, 1)
+    list(it)
+    assert _core.plan_stats() == (recorded + 1, replayed)
+
+
+def test_replay_keeps_generators_collectable() -> None:
+    """A replaying generator dropped part way releases what it holds."""
+    import gc
+    import weakref
+
+    root = sample_tree(fastmodule.Module)
+    for _ in range(2):
+        list(root.named_parameters())
+    it = root.named_parameters()
+    next(it)
+    next(it)
+    ref = weakref.ref(root.inner.deep)
+    del it
+    del root.inner, root.tail
+    gc.collect()
+    assert ref() is None
 
 
 # --------------------------------------------------------------------------- errors
@@ -1301,7 +1457,8 @@ def run_recipe(base: Base, recipe: tuple[Any, ...]) -> Any:
     torch.manual_seed(1234)
     root = Builder(base).node(recipe)
     ix = Index(root)
-    return walks(root, ix), effects(root, ix)
+    # Walked twice: the second walk replays the first's recording.
+    return walks(root, ix), walks(root, ix), effects(root, ix), walks(root, ix)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,6 +15,12 @@ def native_tracing_probe() -> bool:
 def walk(method: str, module: object, *args: object) -> object:
     """torch's tree-walk method ``method`` for ``module``, run natively."""
 
+def clear_plans() -> None:
+    """Forget every recorded tree walk (the next walk of each tree records anew)."""
+
+def plan_stats() -> tuple[int, int]:
+    """(tree walks recorded as plans, walks started from a plan) since import."""
+
 def dict_version(d: object) -> int | None:
     """A dict's version tag (changes on any mutation); None for non-dicts."""
 
