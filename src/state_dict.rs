@@ -261,8 +261,44 @@ fn load_children<'py>(
     Ok(())
 }
 
+/// The bytes of an exact, compact ASCII str (None for any other str).
+unsafe fn ascii_bytes<'a>(s: *mut ffi::PyObject) -> Option<&'a [u8]> {
+    if ffi::PyUnicode_CheckExact(s) == 0 || ffi::PyUnicode_IS_ASCII(s) == 0 {
+        return None;
+    }
+    let len = ffi::PyUnicode_GET_LENGTH(s) as usize;
+    Some(std::slice::from_raw_parts(
+        ffi::PyUnicode_1BYTE_DATA(s),
+        len,
+    ))
+}
+
+/// FNV-1a over a child name's bytes (names are short; no DoS concern: the
+/// table is built from the module's own registry).
+#[derive(Default)]
+struct NameHasher(u64);
+
+impl std::hash::Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0 ^ 0xcbf2_9ce4_8422_2325;
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type NameSet<'a> = std::collections::HashSet<&'a [u8], std::hash::BuildHasherDefault<NameHasher>>;
+
+type NameTable<'a> =
+    std::collections::HashMap<&'a [u8], usize, std::hash::BuildHasherDefault<NameHasher>>;
+
 /// Split `local` by child name: `{name: {key: value}}` for keys
-/// `prefix + name + "." + ...`; None when torch's own scan must decide.
+/// `prefix + name + "." + ...` where `name` is a child's name (keys under any
+/// other head are never asked for); None when torch's own scan must decide.
 fn build_buckets<'py>(
     py: Python<'py>,
     local: &Bound<'py, PyAny>,
@@ -272,6 +308,7 @@ fn build_buckets<'py>(
     if !exact_str(prefix) {
         return Ok(None);
     }
+    let mut names: Vec<Bound<'py, PyAny>> = Vec::new();
     for name in children.try_iter()? {
         let name = name?;
         if !exact_str(&name) {
@@ -284,26 +321,62 @@ fn build_buckets<'py>(
             -1 => {}
             _ => return Ok(None),
         }
+        names.push(name);
+    }
+    // Child names by their bytes, where the prefix and every name are ASCII:
+    // a key's head is then found without building it as a str.
+    let prefix_bytes = unsafe { ascii_bytes(prefix.as_ptr()) };
+    let mut table = NameTable::default();
+    let mut by_bytes = prefix_bytes.is_some();
+    for (i, n) in names.iter().enumerate() {
+        match unsafe { ascii_bytes(n.as_ptr()) } {
+            Some(b) => {
+                table.insert(b, i);
+            }
+            None => by_bytes = false,
+        }
     }
     let out = PyDict::new(py);
+    let mut buckets: Vec<Option<Bound<'py, PyAny>>> = vec![None; names.len()];
     let start = prefix.len()? as isize;
-    for kv in local.call_method0(intern!(py, "items"))?.try_iter()? {
-        let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
-        if !exact_str(&key) {
-            return Ok(None);
+    let mut add = |key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>| -> PyResult<bool> {
+        if !exact_str(key) {
+            return Ok(false);
         }
         unsafe {
             let k = key.as_ptr();
+            if let (true, Some(p), Some(kb)) = (by_bytes, prefix_bytes, ascii_bytes(k)) {
+                if !kb.starts_with(p) {
+                    return Ok(true);
+                }
+                let rest = &kb[p.len()..];
+                let Some(dot) = rest.iter().position(|&c| c == b'.') else {
+                    return Ok(true);
+                };
+                let Some(&i) = table.get(&rest[..dot]) else {
+                    return Ok(true);
+                };
+                let bucket = match &buckets[i] {
+                    Some(b) => b,
+                    None => {
+                        let b = PyDict::new(py).into_any();
+                        out.set_item(&names[i], &b)?;
+                        buckets[i].insert(b)
+                    }
+                };
+                bucket.set_item(key, value)?;
+                return Ok(true);
+            }
             let len = ffi::PyUnicode_GET_LENGTH(k);
             if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1 {
-                continue;
+                return Ok(true);
             }
             let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
             if dot == -2 {
                 return Err(PyErr::fetch(py));
             }
             if dot < 0 {
-                continue;
+                return Ok(true);
             }
             let head = Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
             let bucket = match out.get_item(&head)? {
@@ -311,10 +384,40 @@ fn build_buckets<'py>(
                 None => {
                     let b = PyDict::new(py).into_any();
                     out.set_item(&head, &b)?;
+                    // Found again by bytes for a later ASCII key.
+                    if let Some(i) = names.iter().position(|n| n.eq(&head).unwrap_or(false)) {
+                        buckets[i] = Some(b.clone());
+                    }
                     b
                 }
             };
-            bucket.set_item(&key, &value)?;
+            bucket.set_item(key, value)?;
+            Ok(true)
+        }
+    };
+    if exact_dict(local) {
+        // An exact dict iterates in its own order, with no code run.
+        let d = local.as_ptr();
+        let mut pos: ffi::Py_ssize_t = 0;
+        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+        while unsafe { ffi::PyDict_Next(d, &mut pos, &mut k, &mut v) } != 0 {
+            let (key, value) = unsafe {
+                (
+                    Bound::from_borrowed_ptr(py, k),
+                    Bound::from_borrowed_ptr(py, v),
+                )
+            };
+            if !add(&key, &value)? {
+                return Ok(None);
+            }
+        }
+    } else {
+        for kv in local.call_method0(intern!(py, "items"))?.try_iter()? {
+            let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
+            if !add(&key, &value)? {
+                return Ok(None);
+            }
         }
     }
     Ok(Some(out))
@@ -435,6 +538,37 @@ fn native_load_from_state_dict<'py>(
     let extra_state_key = names::name(Kind::Plain, prefix, extra, || prefix.add(extra))?;
     let mut unexpected: Vec<Bound<'py, PyAny>> = Vec::new();
     let start = prefix.len()? as isize;
+    // Where the prefix, the extra-state key and every child and local_state name
+    // are ASCII strs, an ASCII key's head is looked up by its bytes, without
+    // building it as a str (the same membership: str equality is byte equality).
+    let ascii_names = |d: &Bound<'py, PyAny>| -> Option<NameSet<'py>> {
+        let mut set = NameSet::default();
+        let mut pos: ffi::Py_ssize_t = 0;
+        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+        // SAFETY: exact dicts, iterated without running code; the names
+        // outlive the scan (the dicts hold them and are not changed by it).
+        unsafe {
+            while ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
+                set.insert(ascii_bytes(k)?);
+            }
+        }
+        Some(set)
+    };
+    let by_bytes = unsafe {
+        match (
+            ascii_bytes(prefix.as_ptr()),
+            ascii_bytes(extra_state_key.as_ptr()),
+        ) {
+            (Some(p), Some(x)) => {
+                match (ascii_names(&modules), ascii_names(local_state.as_any())) {
+                    (Some(m), Some(l)) => Some((p, x, m, l)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    };
     for key in local.try_iter()? {
         let key = key?;
         if !exact_str(&key) {
@@ -442,6 +576,20 @@ fn native_load_from_state_dict<'py>(
         }
         unsafe {
             let k = key.as_ptr();
+            if let (Some((p, x, mods, own)), Some(kb)) = (&by_bytes, ascii_bytes(k)) {
+                if !kb.starts_with(p) || kb == *x {
+                    continue;
+                }
+                let rest = &kb[p.len()..];
+                let known = match rest.iter().position(|&c| c == b'.') {
+                    Some(dot) => mods.contains(&rest[..dot]),
+                    None => own.contains(rest),
+                };
+                if !known {
+                    unexpected.push(key.clone());
+                }
+                continue;
+            }
             let len = ffi::PyUnicode_GET_LENGTH(k);
             if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1
                 || key.eq(&extra_state_key)?
