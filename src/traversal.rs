@@ -221,7 +221,22 @@ fn pair<'py>(
     if values {
         Ok(value)
     } else {
-        Ok(PyTuple::new(py, [name, value])?.into_any())
+        two(py, name, value)
+    }
+}
+
+/// The 2-tuple `(a, b)`, built directly (the walks build one per item).
+#[inline(always)]
+fn two<'py>(
+    py: Python<'py>,
+    a: Bound<'py, PyAny>,
+    b: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    unsafe {
+        let t = Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(2))?;
+        ffi::PyTuple_SET_ITEM(t.as_ptr(), 0, a.into_ptr());
+        ffi::PyTuple_SET_ITEM(t.as_ptr(), 1, b.into_ptr());
+        Ok(t)
     }
 }
 
@@ -400,11 +415,13 @@ impl NamedModules {
             if let Some(plan) = found {
                 plans::note_replay();
                 walker.stack.clear();
+                // The memo holds every module of a complete walk.
+                let held = Vec::with_capacity(plan.nodes.len());
                 walker.replay = Some(Box::new(Replay {
                     plan,
                     next: 1,
                     shadow: Vec::new(),
-                    held: Vec::new(),
+                    held,
                     phase: Phase::Start,
                 }));
             } else if let Some(seen) = unsafe { plans::Seen::now(module.as_ptr()) } {
@@ -885,7 +902,7 @@ impl NamedMembers {
                 replay = Some(Box::new(MemberReplay {
                     plan: r.plan.clone(),
                     cur: None,
-                    held: Vec::new(),
+                    held: Vec::with_capacity(r.plan.items.len()),
                 }));
             }
             Source::Native(Box::new(n))
@@ -1012,9 +1029,7 @@ impl NamedMembers {
                                     r.held.push(v.clone().unbind());
                                 }
                                 out = Some(match (&it.name, self.values) {
-                                    (Some(name), false) => {
-                                        PyTuple::new(py, [name.bind(py).clone(), v])?.into_any()
-                                    }
+                                    (Some(name), false) => two(py, name.bind(py).clone(), v)?,
                                     _ => v,
                                 });
                             }
@@ -1146,7 +1161,7 @@ impl NamedMembers {
                 match joined {
                     Some(n) => {
                         name = Some(n.clone().unbind());
-                        Some(PyTuple::new(py, [n, v.clone()])?.into_any())
+                        Some(two(py, n, v.clone())?)
                     }
                     None => Some(v.clone()),
                 }
