@@ -22,7 +22,7 @@
 //!
 //! Plans are kept per (root, walk) in a small table; a replay's own strong
 //! references (the memo's objects, open dicts) are the live walker's.
-use crate::callcache::dict_version;
+use crate::callcache::{dict_version, Key};
 use crate::lookup::instance_dict;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -39,43 +39,29 @@ pub enum NodeKind {
     Dup,
 }
 
-/// What one node's checks compare.
-#[derive(Clone, Copy)]
-pub struct Seen {
-    pub tp: *mut ffi::PyTypeObject,
-    pub tp_version: u32,
-    pub dict: *mut ffi::PyObject,
-    pub version: u64,
+/// What one node's checks compare: the module's class and instance dict, with
+/// their versions (the call cache's key).
+pub type Seen = Key;
+
+/// `module`'s class and instance dict now; None when a plan cannot depend on
+/// them (no version tag, no exact instance dict).
+#[inline(always)]
+pub unsafe fn seen_now(module: *mut ffi::PyObject) -> Option<Seen> {
+    let dict = instance_dict(module);
+    if dict.is_null() || ffi::PyDict_CheckExact(dict) == 0 {
+        return None;
+    }
+    Key::now(ffi::Py_TYPE(module), dict)
 }
 
-impl Seen {
-    /// The module's class and instance dict now; None when a plan cannot
-    /// depend on them (no version tag, no instance dict).
-    #[inline(always)]
-    pub unsafe fn now(module: *mut ffi::PyObject) -> Option<Seen> {
-        let tp = ffi::Py_TYPE(module);
-        let tp_version = (*tp).tp_version_tag;
-        let dict = instance_dict(module);
-        if tp_version == 0 || dict.is_null() || ffi::PyDict_CheckExact(dict) == 0 {
-            return None;
-        }
-        Some(Seen {
-            tp,
-            tp_version,
-            dict,
-            version: dict_version(dict),
-        })
-    }
-
-    /// Are `module`'s class and instance dict still the recorded ones?
-    #[inline(always)]
-    pub unsafe fn holds(&self, module: *mut ffi::PyObject) -> bool {
-        let tp = ffi::Py_TYPE(module);
-        tp == self.tp
-            && (*tp).tp_version_tag == self.tp_version
-            && instance_dict(module) == self.dict
-            && dict_version(self.dict) == self.version
-    }
+/// Are `module`'s class and instance dict still the recorded ones?
+#[inline(always)]
+pub unsafe fn holds(seen: &Seen, module: *mut ffi::PyObject) -> bool {
+    let tp = ffi::Py_TYPE(module);
+    tp == seen.tp
+        && (*tp).tp_version_tag == seen.tp_version
+        && instance_dict(module) == seen.dict
+        && dict_version(seen.dict) == seen.version
 }
 
 /// A registry dict as the walk opened it.
@@ -136,7 +122,7 @@ pub struct Item {
 
 /// Which walk a plan records.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Key {
+pub struct PlanKey {
     pub root: usize,
     pub prefix: usize,
     /// 0: `named_modules`; 1: `_parameters`; 2: `_buffers`.
@@ -145,7 +131,7 @@ pub struct Key {
 }
 
 pub struct Plan {
-    pub key: Key,
+    pub key: PlanKey,
     pub nodes: Vec<Node>,
     pub items: Vec<Item>,
 }
@@ -165,7 +151,7 @@ impl Plan {
             if n.kind == NodeKind::Empty {
                 continue;
             }
-            if !n.seen.holds(n.module) {
+            if !holds(&n.seen, n.module) {
                 return false;
             }
             for r in [&n.mods, &n.reg] {
@@ -186,7 +172,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(key: Key) -> Recorder {
+    pub fn new(key: PlanKey) -> Recorder {
         Recorder {
             ok: true,
             plan: Plan {
@@ -235,7 +221,7 @@ static TABLE: Table = Table(
 );
 
 /// The plan recorded for `key`, if any (it may be stale: replays check).
-pub fn find(key: &Key) -> Option<Arc<Plan>> {
+pub fn find(key: &PlanKey) -> Option<Arc<Plan>> {
     if cfg!(Py_GIL_DISABLED) || cfg!(Py_3_13) {
         return None;
     }
@@ -293,7 +279,7 @@ pub fn root_holds(plan: &Plan, root: *mut ffi::PyObject) -> bool {
     };
     unsafe {
         n.module == root
-            && n.seen.holds(root)
+            && holds(&n.seen, root)
             && !n.mods.dict.is_null()
             && n.mods.unchanged()
             && (plan.key.registry == 0 || (!n.reg.dict.is_null() && n.reg.unchanged()))

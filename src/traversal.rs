@@ -399,7 +399,7 @@ impl NamedModules {
         };
         let exact = unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0 };
         if plannable && exact {
-            let key = plans::Key {
+            let key = plans::PlanKey {
                 root: module.as_ptr() as usize,
                 prefix: prefix.as_ptr() as usize,
                 registry,
@@ -424,7 +424,7 @@ impl NamedModules {
                     held,
                     phase: Phase::Start,
                 }));
-            } else if let Some(seen) = unsafe { plans::Seen::now(module.as_ptr()) } {
+            } else if let Some(seen) = unsafe { plans::seen_now(module.as_ptr()) } {
                 let mut rec = Recorder::new(key);
                 rec.plan.nodes.push(Node {
                     kind: NodeKind::Root,
@@ -502,7 +502,10 @@ impl NamedModules {
                     }
                     Phase::After(j) => {
                         let n = &plan.nodes[j as usize];
-                        if n.mods.dict.is_null() || !n.seen.holds(n.module) || !n.mods.unchanged() {
+                        if n.mods.dict.is_null()
+                            || !plans::holds(&n.seen, n.module)
+                            || !n.mods.unchanged()
+                        {
                             break;
                         }
                         r.shadow.push(Shadow {
@@ -532,7 +535,7 @@ impl NamedModules {
                                     r.next += 1;
                                     continue;
                                 }
-                                if !n.seen.holds(n.module)
+                                if !plans::holds(&n.seen, n.module)
                                     || depth as i64 >= ffi::Py_GetRecursionLimit() as i64
                                     || !identity_hashed(n.module)
                                 {
@@ -608,10 +611,6 @@ impl NamedModules {
         };
     }
 
-    fn abandon_recording(&mut self) {
-        self.rec = None;
-    }
-
     /// The next `(prefix, module)` (the prefix is not built for native
     /// children when only modules are wanted), or a pair yielded by an
     /// overriding `named_modules`, as it yielded it.
@@ -682,12 +681,7 @@ impl NamedModules {
                                 module: std::ptr::null_mut(),
                                 depth,
                                 ppos,
-                                seen: plans::Seen {
-                                    tp: std::ptr::null_mut(),
-                                    tp_version: 0,
-                                    dict: std::ptr::null_mut(),
-                                    version: 0,
-                                },
+                                seen: crate::callcache::Key::EMPTY,
                                 prefix: None,
                                 mods: Reg::NONE,
                                 reg: Reg::NONE,
@@ -725,7 +719,7 @@ impl NamedModules {
                             ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
                                 && ffi::PyUnicode_CheckExact(name.as_ptr()) != 0
                         };
-                        match unsafe { plans::Seen::now(child.as_ptr()) } {
+                        match unsafe { plans::seen_now(child.as_ptr()) } {
                             Some(seen) if native && pure => {
                                 node = rec.plan.nodes.len() as u32;
                                 rec.plan.nodes.push(Node {
@@ -792,7 +786,7 @@ impl NamedModules {
             // Like a generator that raised: finished from now on.
             self.stack.clear();
             self.replay = None;
-            self.abandon_recording();
+            self.rec = None;
         }
         r
     }
@@ -1066,7 +1060,10 @@ impl NamedMembers {
                 if std::ptr::eq(p, Arc::as_ptr(&r.plan)) {
                     let n = &r.plan.nodes[j as usize];
                     unsafe {
-                        if !n.reg.dict.is_null() && n.seen.holds(n.module) && n.reg.unchanged() {
+                        if !n.reg.dict.is_null()
+                            && plans::holds(&n.seen, n.module)
+                            && n.reg.unchanged()
+                        {
                             let dict = Bound::from_borrowed_ptr(py, n.reg.dict).unbind();
                             let (used, k) = (n.reg.used, n.items.0);
                             r.cur = Some(MemberCursor {
@@ -1229,7 +1226,7 @@ impl NamedMembers {
             self.replay = None;
             if r.is_err() {
                 if let Source::Native(n) = &mut self.source {
-                    n.abandon_recording();
+                    n.rec = None;
                 }
             }
         }

@@ -488,6 +488,26 @@ MUTATIONS = {
 }
 
 
+def mutate_while_iterating(
+    root: nn.Module,
+    meth: str,
+    after: int,
+    mutate: Callable[[nn.Module, type[nn.Module]], None],
+    ix: Index,
+    base: Base,
+) -> Any:
+    """Take ``after`` items of ``root.<meth>()``, mutate the tree, take the rest: the
+    outcomes of both parts and every item taken, by label."""
+    leaf, _ = sample_classes(base)
+    it = getattr(root, meth)()
+    seen: list[Any] = []
+    first = outcome(lambda: [seen.append(next(it)) for _ in range(after)] and None)
+    mutate(root, leaf)
+    rest = outcome(lambda: seen.extend(it))
+    ix.extend(root)
+    return first, rest, ix.items(seen)
+
+
 @pytest.mark.parametrize("after", [1, 2, 4])
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 @pytest.mark.parametrize("meth", ITERATORS)
@@ -496,15 +516,7 @@ def test_mutating_registries_while_iterating(meth: str, mutation: str, after: in
 
     def sc(b: Base) -> Any:
         root = sample_tree(b)
-        Leaf, _ = sample_classes(b)
-        ix = Index(root)
-        it = getattr(root, meth)()
-        seen: list[Any] = []
-        first = outcome(lambda: [seen.append(next(it)) for _ in range(after)] and None)
-        MUTATIONS[mutation](root, Leaf)
-        rest = outcome(lambda: seen.extend(it))
-        ix.extend(root)
-        return first, rest, ix.items(seen)
+        return mutate_while_iterating(root, meth, after, MUTATIONS[mutation], Index(root), b)
 
     assert_same(sc)
 
@@ -579,17 +591,11 @@ def test_mutating_registries_while_replaying(meth: str, mutation: str, after: in
 
     def sc(b: Base) -> Any:
         root = sample_tree(b)
-        Leaf, _ = sample_classes(b)
         ix = Index(root)
         full = [ix.items(getattr(root, meth)()) for _ in range(2)]
-        it = getattr(root, meth)()
-        seen: list[Any] = []
-        first = outcome(lambda: [seen.append(next(it)) for _ in range(after)] and None)
-        REPLAY_MUTATIONS[mutation](root, Leaf)
-        rest = outcome(lambda: seen.extend(it))
-        ix.extend(root)
+        mutated = mutate_while_iterating(root, meth, after, REPLAY_MUTATIONS[mutation], ix, b)
         again = outcome(lambda: ix.items(getattr(root, meth)()))
-        return full, first, rest, ix.items(seen), again
+        return full, mutated, again
 
     assert_same(sc)
 
