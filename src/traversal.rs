@@ -508,13 +508,18 @@ impl NamedModules {
                         {
                             break;
                         }
+                        r.phase = Phase::Items;
+                        if n.mods.used == 0 {
+                            // The live walker would open it and close it in
+                            // this same step: nothing to keep open.
+                            continue;
+                        }
                         r.shadow.push(Shadow {
                             node: j,
                             dict: Bound::from_borrowed_ptr(py, n.mods.dict).unbind(),
                             pos: 0,
                             left: n.mods.used,
                         });
-                        r.phase = Phase::Items;
                     }
                     Phase::Items => {
                         let depth = r.shadow.len();
@@ -1064,6 +1069,10 @@ impl NamedMembers {
                             && plans::holds(&n.seen, n.module)
                             && n.reg.unchanged()
                         {
+                            if n.reg.used == 0 {
+                                // Opened and found empty within this step.
+                                continue;
+                            }
                             let dict = Bound::from_borrowed_ptr(py, n.reg.dict).unbind();
                             let (used, k) = (n.reg.used, n.items.0);
                             r.cur = Some(MemberCursor {
