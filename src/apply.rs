@@ -193,6 +193,23 @@ impl<'py> Ctx<'py> {
         }
     }
 
+    /// Would the live walk (`own_tensors`) leave `t` (a non-None entry of
+    /// `_parameters` when `is_param`, else of `_buffers`) and its grad as they
+    /// are, without calling `fn`? Only reads.
+    fn left_as_is(&self, py: Python<'py>, t: &Bound<'py, PyAny>, is_param: bool) -> PyResult<bool> {
+        if !is_param {
+            return Ok(exact(t, self.g.tensor) && self.unchanged(py, t)?);
+        }
+        if !exact(t, self.g.parameter) {
+            return Ok(false);
+        }
+        let grad = data_attr(t, intern!(py, "grad"))?;
+        if grad.is_none() {
+            return self.unchanged(py, t);
+        }
+        Ok(exact(&grad, self.g.tensor) && self.unchanged(py, t)? && self.unchanged(py, &grad)?)
+    }
+
     /// `with torch.no_grad(): fn(t)`.
     fn call_no_grad(&self, py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         self.rt.no_grad(py, || self.fn_.call1((t,)))
@@ -312,7 +329,24 @@ pub fn root<'py>(
     if !matches!(ctx.spec, Spec::Unknown) {
         ctx.flags = Some(ctx.flags(py)?);
     }
-    body(py, &ctx, module, recurse.is_truthy()?)
+    let recurse = recurse.is_truthy()?;
+    // A recognised conversion with both flags off: a recorded walk of an
+    // unchanged tree whose every tensor the conversion leaves as it is
+    // changes nothing (see crate::eager_plans).
+    let plannable = recurse && ctx.flags == Some((false, false));
+    if plannable
+        && crate::eager_plans::apply_is_noop(py, module, |t, is_param| {
+            ctx.left_as_is(py, t, is_param)
+        })
+        .is_some()
+    {
+        return Ok(module.clone());
+    }
+    let out = body(py, &ctx, module, recurse)?;
+    if plannable {
+        crate::eager_plans::record(g, crate::eager_plans::Walk::Apply, module, None);
+    }
+    Ok(out)
 }
 
 fn body<'py>(

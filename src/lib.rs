@@ -22,6 +22,7 @@ mod attr;
 mod call;
 mod callcache;
 mod containers;
+mod eager_plans;
 mod errors;
 mod facts;
 mod ffi_ext;
@@ -83,12 +84,19 @@ fn walk<'py>(
 #[pyfunction]
 fn clear_plans() {
     plans::clear();
+    eager_plans::clear();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
 #[pyfunction]
 fn plan_stats() -> (usize, usize) {
     plans::stats()
+}
+
+/// `(train/eval and no-op `_apply` walks recorded as plans, replayed)` since import.
+#[pyfunction]
+fn eager_plan_stats() -> (usize, usize) {
+    eager_plans::stats()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
@@ -252,6 +260,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(eager_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;

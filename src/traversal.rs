@@ -1620,6 +1620,11 @@ impl Recursion {
 /// Python recursion would exceed the recursion limit (from 3.13 on,
 /// `Py_EnterRecursiveCall` only guards the C stack, with a higher limit), and
 /// `Py_EnterRecursiveCall` for the native stack itself.
+/// The eager walks' native recursion depth on this thread.
+pub(crate) fn walk_depth() -> i64 {
+    WALK_DEPTH.with(|d| d.get())
+}
+
 pub(crate) struct Depth;
 impl Depth {
     pub(crate) fn enter(py: Python<'_>, kind: Recursion) -> PyResult<Depth> {
@@ -1722,6 +1727,26 @@ fn train_body<'py>(
     Ok(module.clone())
 }
 
+/// torch's `train` body for a walk's root: from its recorded plan when that
+/// still holds, else live (then recorded).
+fn train_root<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    mode: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let name = intern!(py, "training");
+    if mode.is_exact_instance_of::<PyBool>() {
+        if let Some(done) = crate::eager_plans::replay_train(py, name, module, mode) {
+            done?;
+            return Ok(module.clone());
+        }
+    }
+    let out = train_body(py, g, module, mode)?;
+    crate::eager_plans::record(g, crate::eager_plans::Walk::Train, module, Some(mode));
+    Ok(out)
+}
+
 fn apply_body<'py>(
     py: Python<'py>,
     g: &Globals,
@@ -1797,11 +1822,11 @@ pub fn call_root<'py>(
             let t = PyBool::new(py, true).to_owned().into_any();
             named_registry(py, g, module, which, prefix.as_any(), &recurse, &t, true)
         }
-        Method::Train => train_body(py, g, module, &arg(0)?),
+        Method::Train => train_root(py, g, module, &arg(0)?),
         Method::Eval => {
             let f = PyBool::new(py, false).to_owned().into_any();
             if is_native(g, module, Method::Train) {
-                return train_body(py, g, module, &f);
+                return train_root(py, g, module, &f);
             }
             call_method(module, Method::Train, (f,))
         }

@@ -1,0 +1,385 @@
+//! Recorded eager walks: `train()`/`eval()`, and `_apply` with a conversion
+//! that changes nothing (`.float()` on a float32 model, `.to(device)` on a
+//! model already there).
+//!
+//! Both recurse through `children()`: the modules they visit, in order,
+//! depend only on the classes (none overriding the walked method, `children`
+//! or `named_children`, or hashing its instances other than by identity) and
+//! on the instance dicts and their three registries (`_modules` gives the
+//! children; `train`'s `__setattr__` looks `training` up in `_parameters`
+//! and `_buffers`; `_apply` converts their tensors). A plan lists the visits
+//! of a complete walk, each with its module's class and `tp_version_tag`, its
+//! instance dict and that dict's version, the three registry dicts with their
+//! versions and, for `_apply`, the tensors they held, all read after the walk.
+//!
+//! A replay first checks every visit (a dict's version changes with any
+//! insertion, deletion or rebinding; a class's tag with any change to it or a
+//! base); the first difference hands the call to the live walk, which then
+//! records afresh. For `train`, the checks pass only if torch's walk would
+//! visit the same modules and find each `training` a bool (every visited
+//! module's `training` was `mode` when recorded): rebinding a bool in a dict
+//! runs no code, so checking everything first and then setting is the same as
+//! torch's interleaving. Setting the other mode updates the recorded
+//! versions, so an alternating `train()`/`eval()` keeps its plan. For
+//! `_apply`, the caller then asks of every tensor whether the conversion
+//! leaves it (and its grad) as it is, which reads but changes nothing: if all
+//! do, the whole walk is a no-op; otherwise it runs live from the start.
+//!
+//! Pointers are borrowed and dereferenced in visit order, each only after the
+//! visit holding it (its parent, whose unchanged `_modules` keeps it alive)
+//! passed its checks. Like the per-instance facts, plans are off on 3.13 and
+//! free-threaded builds.
+use crate::callcache::dict_version;
+use crate::ffi_ext::type_lookup;
+use crate::plans::{holds, seen_now, Seen};
+use crate::state::Globals;
+use crate::traversal::{is_native, Method};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use std::cell::UnsafeCell;
+
+/// Which walk a plan records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Walk {
+    Train,
+    Apply,
+}
+
+/// One module as the walk visits it.
+struct Visit {
+    /// Borrowed (the root is the caller's; a child is a value of its
+    /// parent's unchanged `_modules`).
+    module: *mut ffi::PyObject,
+    seen: Seen,
+    /// `_parameters`, `_buffers`, `_modules` and their versions.
+    regs: [(*mut ffi::PyObject, u64); 3],
+    /// `_apply`: this visit's non-None parameters, then buffers, in
+    /// `Plan::tensors` (borrowed from the unchanged registries).
+    tensors: (u32, u32, u32),
+}
+
+struct Plan {
+    root: *mut ffi::PyObject,
+    walk: Walk,
+    visits: Vec<Visit>,
+    tensors: Vec<*mut ffi::PyObject>,
+    /// The deepest visit's depth below the root.
+    max_depth: u32,
+    /// `train`: every visited module's `training` (`Py_True` or `Py_False`).
+    mode: *mut ffi::PyObject,
+}
+
+const SLOTS: usize = 4;
+struct Table(UnsafeCell<[Option<Box<Plan>>; SLOTS]>, UnsafeCell<usize>);
+// SAFETY: read and written only with the GIL held (never on free-threaded
+// builds).
+unsafe impl Sync for Table {}
+static TABLE: Table = Table(
+    UnsafeCell::new([None, None, None, None]),
+    UnsafeCell::new(0),
+);
+
+/// Roots whose last recording failed (a module a plan cannot describe, such
+/// as a class overriding the walked method), with the number of live walks
+/// left before the next attempt: a tree that cannot be recorded does not pay
+/// for a recording walk on every call. A reused address only delays one.
+type Refused = ((*mut ffi::PyObject, Walk), u32);
+const RETRY_AFTER: u32 = 15;
+struct Refusals(UnsafeCell<[Refused; SLOTS]>, UnsafeCell<usize>);
+// SAFETY: as TABLE.
+unsafe impl Sync for Refusals {}
+static REFUSED: Refusals = Refusals(
+    UnsafeCell::new([((std::ptr::null_mut(), Walk::Train), 0); SLOTS]),
+    UnsafeCell::new(0),
+);
+
+static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static REPLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `(eager walks recorded, eager walks replayed)` since import.
+pub fn stats() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (RECORDED.load(Relaxed), REPLAYED.load(Relaxed))
+}
+
+const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
+
+fn slots() -> &'static mut [Option<Box<Plan>>; SLOTS] {
+    // SAFETY: GIL held by every caller; no reference outlives a call.
+    unsafe { &mut *TABLE.0.get() }
+}
+
+/// Forget every plan.
+pub fn clear() {
+    for s in slots().iter_mut() {
+        *s = None;
+    }
+    // SAFETY: GIL held.
+    for r in unsafe { &mut *REFUSED.0.get() }.iter_mut() {
+        r.1 = 0;
+    }
+}
+
+/// The slot of `root`'s `walk` plan, if every visit still holds (a stale plan
+/// is dropped).
+fn holding(root: *mut ffi::PyObject, walk: Walk) -> Option<usize> {
+    if !ENABLED {
+        return None;
+    }
+    let i = slots()
+        .iter()
+        .position(|p| p.as_ref().is_some_and(|p| p.root == root && p.walk == walk))?;
+    let plan = slots()[i].as_ref()?;
+    // SAFETY: see the module docs (checked in visit order).
+    if unsafe { room_for(plan.max_depth) && plan.visits.iter().all(|v| visit_holds(v)) } {
+        Some(i)
+    } else {
+        slots()[i] = None;
+        None
+    }
+}
+
+/// Run `train(mode)` on `root` from its plan: Some(result) when the plan held
+/// (the walk is done), None when the caller must walk live. `mode` is an
+/// exact bool.
+pub fn replay_train(
+    py: Python<'_>,
+    name: &Bound<'_, PyString>,
+    root: &Bound<'_, PyAny>,
+    mode: &Bound<'_, PyAny>,
+) -> Option<PyResult<()>> {
+    let i = holding(root.as_ptr(), Walk::Train)?;
+    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let plan = slots()[i].as_mut()?;
+    let mode = mode.as_ptr();
+    if plan.mode == mode {
+        return Some(Ok(()));
+    }
+    for v in &plan.visits {
+        // The live walk's fast `self.training = mode` (crate::facts): a
+        // rebinding of the dict entry; a shared module's later visits find
+        // `mode` already there and change nothing, as in torch.
+        if unsafe { ffi::PyObject_GenericSetAttr(v.module, name.as_ptr(), mode) } < 0 {
+            slots()[i] = None;
+            return Some(Err(PyErr::fetch(py)));
+        }
+    }
+    // Nothing but those rebindings ran: carry the plan to the new versions.
+    for v in &mut plan.visits {
+        v.seen.version = unsafe { dict_version(v.seen.dict) };
+    }
+    plan.mode = mode;
+    Some(Ok(()))
+}
+
+/// Is `root`'s `_apply` a no-op? Some(true) when its plan holds and
+/// `unchanged(tensor, is_parameter)` is true for every tensor the walk would
+/// convert; None when the caller must walk live (no plan, a stale one, or a
+/// tensor to convert). `unchanged` must only read; an error it raises is
+/// cleared (the live walk meets it again, in order).
+pub fn apply_is_noop(
+    py: Python<'_>,
+    root: &Bound<'_, PyAny>,
+    mut unchanged: impl FnMut(&Bound<'_, PyAny>, bool) -> PyResult<bool>,
+) -> Option<()> {
+    let i = holding(root.as_ptr(), Walk::Apply)?;
+    let plan = slots()[i].as_ref()?;
+    for v in &plan.visits {
+        let (a, b, c) = v.tensors;
+        for (k, &t) in plan.tensors[a as usize..c as usize].iter().enumerate() {
+            // SAFETY: held by the visit's unchanged registry.
+            let t = unsafe { Bound::from_borrowed_ptr(py, t) };
+            match unchanged(&t, (a as usize + k) < b as usize) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    drop(e);
+                    return None;
+                }
+            }
+        }
+    }
+    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Some(())
+}
+
+#[inline(always)]
+unsafe fn visit_holds(v: &Visit) -> bool {
+    holds(&v.seen, v.module) && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
+}
+
+/// Would the live walk's recursion (`max_depth` levels below a root level)
+/// stay within the limits it checks?
+unsafe fn room_for(max_depth: u32) -> bool {
+    let levels = i64::from(max_depth) + 1;
+    if crate::traversal::walk_depth() + levels > i64::from(ffi::Py_GetRecursionLimit()) {
+        return false;
+    }
+    let mut entered = 0;
+    while entered < levels {
+        if ffi::Py_EnterRecursiveCall(c"".as_ptr()) != 0 {
+            ffi::PyErr_Clear();
+            break;
+        }
+        entered += 1;
+    }
+    for _ in 0..entered {
+        ffi::Py_LeaveRecursiveCall();
+    }
+    entered == levels
+}
+
+/// After a live walk of `root` completed: record the walk it would take now,
+/// if a plan can describe it. `mode`: `train`'s (Py_True/Py_False).
+pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bound<'_, PyAny>>) {
+    if !ENABLED {
+        return;
+    }
+    let py = root.py();
+    let mut plan = Plan {
+        root: root.as_ptr(),
+        walk,
+        visits: Vec::new(),
+        tensors: Vec::new(),
+        max_depth: 0,
+        mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
+    };
+    // SAFETY: GIL held.
+    let refused = unsafe { &mut *REFUSED.0.get() };
+    let key = (plan.root, walk);
+    if let Some(r) = refused.iter_mut().find(|r| r.0 == key && r.1 > 0) {
+        r.1 -= 1;
+        return;
+    }
+    let training = pyo3::intern!(py, "training").as_ptr();
+    let ok = unsafe { visit(g, training, root, 0, &mut plan) };
+    // SAFETY: clearing what a lookup of the recording may have raised.
+    unsafe { ffi::PyErr_Clear() };
+    if !ok || !plan.visits.iter().all(|v| unsafe { visit_holds(v) }) {
+        // SAFETY: GIL held.
+        let next = unsafe { &mut *REFUSED.1.get() };
+        let i = refused.iter().position(|r| r.0 == key).unwrap_or(*next);
+        if i == *next {
+            *next = (i + 1) % SLOTS;
+        }
+        refused[i] = (key, RETRY_AFTER);
+        return;
+    }
+    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let slots = slots();
+    let i = match slots.iter().position(|p| {
+        p.as_ref()
+            .is_some_and(|p| p.root == plan.root && p.walk == walk)
+    }) {
+        Some(i) => i,
+        None => {
+            // SAFETY: GIL held.
+            let next = unsafe { &mut *TABLE.1.get() };
+            let i = *next;
+            *next = (i + 1) % SLOTS;
+            i
+        }
+    };
+    slots[i] = Some(Box::new(plan));
+}
+
+/// Record `module`'s visit and its children's, in torch's order; false where
+/// the walk leaves what a plan can describe. Runs no Python code: only exact
+/// dicts are read, and children are compared by identity.
+unsafe fn visit(
+    g: &Globals,
+    training: *mut ffi::PyObject,
+    module: &Bound<'_, PyAny>,
+    depth: u32,
+    plan: &mut Plan,
+) -> bool {
+    let m = module.as_ptr();
+    let tp = ffi::Py_TYPE(m);
+    // Children are reached through torch's walked method (the root's was
+    // checked by the caller), `children` and `named_children`.
+    let method = match plan.walk {
+        Walk::Train => Method::Train,
+        Walk::Apply => Method::ApplyFn,
+    };
+    if (depth > 0 && !is_native(g, module, method))
+        || !is_native(g, module, Method::Children)
+        || !is_native(g, module, Method::NamedChildren)
+    {
+        return false;
+    }
+    // `train` sets `training` through torch's `__setattr__`, which rebinds a
+    // plain dict entry.
+    if plan.walk == Walk::Train
+        && (type_lookup(tp, g.names.dunder_setattr) != g.orig.setattr
+            || !crate::register::object_after_nn_module(g, tp)
+            || !type_lookup(tp, training).is_null())
+    {
+        return false;
+    }
+    let Some(seen) = seen_now(m) else {
+        return false;
+    };
+    if plan.walk == Walk::Train && ffi::PyDict_GetItemWithError(seen.dict, training) != plan.mode {
+        return false;
+    }
+    let n = &g.names;
+    let mut regs = [(std::ptr::null_mut(), 0); 3];
+    for (slot, reg_name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
+        if !type_lookup(tp, reg_name).is_null() {
+            return false;
+        }
+        let r = ffi::PyDict_GetItemWithError(seen.dict, reg_name);
+        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
+            return false;
+        }
+        // An exact dict with str keys (`training`'s hash is cached): no code runs.
+        if plan.walk == Walk::Train && ffi::PyDict_Contains(r, training) != 0 {
+            return false;
+        }
+        *slot = (r, dict_version(r));
+    }
+    let start = plan.tensors.len() as u32;
+    let mut mid = start;
+    if plan.walk == Walk::Apply {
+        for (i, &(reg, _)) in regs[..2].iter().enumerate() {
+            let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+            while ffi::PyDict_Next(reg, &mut pos, &mut key, &mut value) != 0 {
+                if value != ffi::Py_None() {
+                    plan.tensors.push(value);
+                }
+            }
+            if i == 0 {
+                mid = plan.tensors.len() as u32;
+            }
+        }
+    }
+    plan.max_depth = plan.max_depth.max(depth);
+    plan.visits.push(Visit {
+        module: m,
+        seen,
+        regs,
+        tensors: (start, mid, plan.tensors.len() as u32),
+    });
+    let mods = regs[2].0;
+    let py = module.py();
+    let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    // named_children's memo, by identity (checked per child's class).
+    let mut memo: std::collections::HashSet<usize> = std::collections::HashSet::new();
+    while ffi::PyDict_Next(mods, &mut pos, &mut key, &mut value) != 0 {
+        if value == ffi::Py_None() {
+            continue;
+        }
+        if !crate::items::identity_hashed(value) {
+            return false;
+        }
+        if !memo.insert(value as usize) {
+            continue;
+        }
+        let child = Bound::from_borrowed_ptr(py, value);
+        if !visit(g, training, &child, depth + 1, plan) {
+            return false;
+        }
+    }
+    true
+}
