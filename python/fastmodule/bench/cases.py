@@ -546,6 +546,17 @@ CASES: tuple[Case, ...] = (
         ),
     ),
     Case(
+        "tree_eval_train",
+        "m.eval(); m.train() on the same tree: every module's flag flips twice",
+        _tree_builder(
+            "m.eval(); m.train()",
+            _loop_lower(
+                "[object.__setattr__(x, 'training', f) for f in (False, True) for x in flat]",
+                "modules",
+            ),
+        ),
+    ),
+    Case(
         "tree_zero_grad",
         "m.zero_grad() on the same tree (grads already None)",
         _tree_builder("m.zero_grad()", _loop_lower("for p in flat: p.grad", "parameters")),
