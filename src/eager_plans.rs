@@ -44,6 +44,8 @@ use std::cell::UnsafeCell;
 pub enum Walk {
     Train,
     Apply,
+    /// `crate::state_dict_plan`'s (which shares the refusals below).
+    StateDict,
 }
 
 /// One module as the walk visits it.
@@ -185,6 +187,26 @@ pub fn apply_is_noop(
 ) -> Option<()> {
     let i = holding(root.as_ptr(), Walk::Apply)?;
     let plan = slots()[i].as_ref()?;
+    // A getter may allocate (a grad's Python object): with the cyclic GC
+    // paused no finalizer runs, so the borrowed tensors stay alive.
+    // SAFETY: GIL held; restored on every path.
+    let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
+    let noop = all_left_as_is(py, plan, &mut unchanged);
+    if gc_was_enabled {
+        unsafe { ffi::PyGC_Enable() };
+    }
+    if noop {
+        REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Some(());
+    }
+    None
+}
+
+fn all_left_as_is(
+    py: Python<'_>,
+    plan: &Plan,
+    unchanged: &mut impl FnMut(&Bound<'_, PyAny>, bool) -> PyResult<bool>,
+) -> bool {
     for v in &plan.visits {
         let (a, b, c) = v.tensors;
         for (k, &t) in plan.tensors[a as usize..c as usize].iter().enumerate() {
@@ -192,16 +214,11 @@ pub fn apply_is_noop(
             let t = unsafe { Bound::from_borrowed_ptr(py, t) };
             match unchanged(&t, (a as usize + k) < b as usize) {
                 Ok(true) => {}
-                Ok(false) => return None,
-                Err(e) => {
-                    drop(e);
-                    return None;
-                }
+                Ok(false) | Err(_) => return false,
             }
         }
     }
-    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Some(())
+    true
 }
 
 #[inline(always)]
@@ -211,7 +228,7 @@ unsafe fn visit_holds(v: &Visit) -> bool {
 
 /// Would the live walk's recursion (`max_depth` levels below a root level)
 /// stay within the limits it checks?
-unsafe fn room_for(max_depth: u32) -> bool {
+pub(crate) unsafe fn room_for(max_depth: u32) -> bool {
     let levels = i64::from(max_depth) + 1;
     if crate::traversal::walk_depth() + levels > i64::from(ffi::Py_GetRecursionLimit()) {
         return false;
@@ -230,6 +247,34 @@ unsafe fn room_for(max_depth: u32) -> bool {
     entered == levels
 }
 
+/// Is a recording of `key` to be skipped this time (a recent one failed)?
+pub(crate) fn refused(key: (*mut ffi::PyObject, Walk)) -> bool {
+    // SAFETY: GIL held.
+    let table = unsafe { &mut *REFUSED.0.get() };
+    match table.iter_mut().find(|r| r.0 == key && r.1 > 0) {
+        Some(r) => {
+            r.1 -= 1;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Note that recording `key` failed: skip the next attempts.
+pub(crate) fn refuse(key: (*mut ffi::PyObject, Walk)) {
+    // SAFETY: GIL held.
+    let (table, next) = unsafe { (&mut *REFUSED.0.get(), &mut *REFUSED.1.get()) };
+    let i = match table.iter().position(|r| r.0 == key) {
+        Some(i) => i,
+        None => {
+            let i = *next;
+            *next = (i + 1) % SLOTS;
+            i
+        }
+    };
+    table[i] = (key, RETRY_AFTER);
+}
+
 /// After a live walk of `root` completed: record the walk it would take now,
 /// if a plan can describe it. `mode`: `train`'s (Py_True/Py_False).
 pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bound<'_, PyAny>>) {
@@ -245,11 +290,8 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         max_depth: 0,
         mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
     };
-    // SAFETY: GIL held.
-    let refused = unsafe { &mut *REFUSED.0.get() };
     let key = (plan.root, walk);
-    if let Some(r) = refused.iter_mut().find(|r| r.0 == key && r.1 > 0) {
-        r.1 -= 1;
+    if refused(key) {
         return;
     }
     let training = pyo3::intern!(py, "training").as_ptr();
@@ -257,13 +299,7 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { visit_holds(v) }) {
-        // SAFETY: GIL held.
-        let next = unsafe { &mut *REFUSED.1.get() };
-        let i = refused.iter().position(|r| r.0 == key).unwrap_or(*next);
-        if i == *next {
-            *next = (i + 1) % SLOTS;
-        }
-        refused[i] = (key, RETRY_AFTER);
+        refuse(key);
         return;
     }
     RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -301,6 +337,7 @@ unsafe fn visit(
     let method = match plan.walk {
         Walk::Train => Method::Train,
         Walk::Apply => Method::ApplyFn,
+        Walk::StateDict => return false,
     };
     if (depth > 0 && !is_native(g, module, method))
         || !is_native(g, module, Method::Children)

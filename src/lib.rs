@@ -40,6 +40,7 @@ mod runtime;
 mod slots;
 mod state;
 mod state_dict;
+mod state_dict_plan;
 mod tracing;
 mod traversal;
 
@@ -85,6 +86,7 @@ fn walk<'py>(
 fn clear_plans() {
     plans::clear();
     eager_plans::clear();
+    state_dict_plan::clear();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
@@ -97,6 +99,12 @@ fn plan_stats() -> (usize, usize) {
 #[pyfunction]
 fn eager_plan_stats() -> (usize, usize) {
     eager_plans::stats()
+}
+
+/// `(state_dict walks recorded as plans, replayed)` since import.
+#[pyfunction]
+fn state_dict_plan_stats() -> (usize, usize) {
+    state_dict_plan::stats()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
@@ -261,6 +269,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(eager_plan_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(state_dict_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;

@@ -1871,7 +1871,24 @@ pub fn call_root<'py>(
         Method::GetParameter => crate::paths::get_member(py, g, module, &arg(0)?, false),
         Method::GetBuffer => crate::paths::get_member(py, g, module, &arg(0)?, true),
         Method::StateDict => {
-            crate::state_dict::save_tree(py, g, module, &arg(0)?, &arg(1)?, &arg(2)?)
+            let (destination, prefix, keep_vars) = (arg(0)?, arg(1)?, arg(2)?);
+            // A new destination, a str prefix and a bool keep_vars: the walk
+            // can come from a recorded plan (crate::state_dict_plan).
+            let plannable = destination.is_none()
+                && crate::lookup::exact_str(&prefix)
+                && keep_vars.is_exact_instance_of::<PyBool>();
+            if plannable {
+                let keep = keep_vars.is_truthy()?;
+                if let Some(r) = crate::state_dict_plan::replay(py, g, module, &prefix, keep) {
+                    return r;
+                }
+            }
+            let out =
+                crate::state_dict::save_tree(py, g, module, &destination, &prefix, &keep_vars)?;
+            if plannable {
+                crate::state_dict_plan::record(g, module, &prefix);
+            }
+            Ok(out)
         }
         Method::SaveToStateDict | Method::GetExtraState => Err(
             pyo3::exceptions::PyTypeError::new_err("not a wrapped entry point"),

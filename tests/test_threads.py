@@ -98,3 +98,47 @@ def test_walks_while_another_thread_calls(base: type[nn.Module]) -> None:
         t.join()
     assert all(n == names[0] for n in names)
     assert all(s == sds[0] for s in sds)
+
+
+def test_recorded_walks_while_another_thread_rebuilds_the_tree() -> None:
+    """state_dict (whose replay releases the GIL in each ``detach``), train/eval and
+    no-op conversions replayed in one thread while another keeps replacing parameters
+    and blocks: no crash, and every state dict is one the tree had at some point
+    (its keys are always a whole tree's keys). A live walk may meet a registry the
+    other thread changed and raise, as stock's does."""
+    import fastmodule
+
+    net = make(fastmodule.Module)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def rebuild() -> None:
+        try:
+            while not stop.is_set():
+                i = torch.randint(0, 3, ()).item()
+                net.blocks[i] = type(net.blocks[0])()
+                net.blocks[(i + 1) % 3].lin.weight = nn.Parameter(torch.randn(4, 4))
+                net.extra = nn.Linear(1, 1) if not hasattr(net, "extra") else None
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=rebuild)
+    t.start()
+    try:
+        for _ in range(300):
+            try:
+                sd = net.state_dict()
+                net.state_dict(keep_vars=True)
+            except RuntimeError as e:
+                # A live walk meeting the other thread's change, as stock's does.
+                assert "changed size during iteration" in str(e)
+                continue
+            keys = [k for k in sd if not k.startswith("extra.")]
+            assert keys == [f"blocks.{i}.lin.{n}" for i in range(3) for n in ("weight", "bias")]
+            net.eval()
+            net.train()
+            net.float()
+    finally:
+        stop.set()
+        t.join()
+    assert not errors

@@ -1,0 +1,428 @@
+//! Recorded `state_dict()` walks.
+//!
+//! With no destination given, torch's `state_dict` builds a new
+//! `OrderedDict` from a pre-order walk of `_modules` (no de-duplication:
+//! a shared module is saved under each of its names). What it reads depends
+//! only on the classes (none overriding `state_dict`, `_save_to_state_dict`,
+//! `get_extra_state` or `__getattribute__`) and on each instance dict: its
+//! three registries, its two state-dict hook dicts (empty), its
+//! `_non_persistent_buffers_set` and its `_version`. A plan lists the visits
+//! of a complete walk with those objects and their versions, the metadata
+//! key of each visit and the key of each tensor, all read after a live walk.
+//!
+//! A replay first checks every visit (as `crate::eager_plans` does, plus the
+//! hook dicts' sizes, which change without the instance dict) and, when it
+//! detaches, that every tensor is an exact `Tensor` or `Parameter` whose
+//! `detach` is torch's, with no torch function or dispatch mode active; the
+//! first difference hands the call to the live walk, which then records
+//! afresh. Then it builds the result: nothing it runs (dict and set
+//! operations on exact builtins with str keys, torch's C `detach`) can run
+//! Python code, and the cyclic GC is paused meanwhile so that no finalizer
+//! can either; so checking everything first is the same as torch's
+//! interleaving. (`detach` releases the GIL: the replay holds its own
+//! references to the plan and to every object it reads from then on.) The non-persistent sets are read as the walk goes, as torch
+//! does (their contents change without any version).
+use crate::callcache::dict_version;
+use crate::eager_plans::{refuse, refused, room_for, Walk};
+use crate::ffi_ext::type_lookup;
+use crate::lookup::{hook_dict_len, plain_attr, Plain};
+use crate::plans::{holds, seen_now, Seen};
+use crate::state::Globals;
+use crate::traversal::{is_native, original, Method};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::cell::UnsafeCell;
+use std::sync::Arc;
+
+struct Visit {
+    /// Borrowed (the root is the caller's; a child is a value of its
+    /// parent's unchanged `_modules`).
+    module: *mut ffi::PyObject,
+    seen: Seen,
+    /// `_parameters`, `_buffers`, `_modules` and their versions.
+    regs: [(*mut ffi::PyObject, u64); 3],
+    /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
+    hooks: [*mut ffi::PyObject; 2],
+    /// `_non_persistent_buffers_set` (an exact set); null without buffers.
+    non_persistent: *mut ffi::PyObject,
+    /// `self._version` (borrowed from the instance dict or the class).
+    version: *mut ffi::PyObject,
+    /// `prefix[:-1]`, the `_metadata` key.
+    metadata_key: Py<PyAny>,
+    /// This visit's entries in `Plan::entries`.
+    entries: (u32, u32),
+}
+
+struct Entry {
+    /// Borrowed from the visit's unchanged registry.
+    tensor: *mut ffi::PyObject,
+    /// `prefix + name`.
+    key: Py<PyAny>,
+    /// A buffer's name (borrowed, a key of the unchanged `_buffers`); null
+    /// for a parameter.
+    buffer: *mut ffi::PyObject,
+}
+
+struct Plan {
+    root: *mut ffi::PyObject,
+    prefix: Py<PyAny>,
+    visits: Vec<Visit>,
+    entries: Vec<Entry>,
+    max_depth: u32,
+}
+
+// SAFETY: raw pointers are only compared or dereferenced with the GIL held,
+// after the checks described above.
+unsafe impl Send for Plan {}
+unsafe impl Sync for Plan {}
+
+const SLOTS: usize = 4;
+struct Table(UnsafeCell<[Option<Arc<Plan>>; SLOTS]>, UnsafeCell<usize>);
+// SAFETY: read and written only with the GIL held (never on free-threaded
+// builds).
+unsafe impl Sync for Table {}
+static TABLE: Table = Table(
+    UnsafeCell::new([None, None, None, None]),
+    UnsafeCell::new(0),
+);
+
+const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
+
+static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static REPLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `(state_dict walks recorded, replayed)` since import.
+pub fn stats() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (RECORDED.load(Relaxed), REPLAYED.load(Relaxed))
+}
+
+fn slots() -> &'static mut [Option<Arc<Plan>>; SLOTS] {
+    // SAFETY: GIL held by every caller; no reference outlives a call.
+    unsafe { &mut *TABLE.0.get() }
+}
+
+/// Forget every plan (their key strings are released).
+pub fn clear() {
+    for s in slots().iter_mut() {
+        let old = s.take();
+        drop(old);
+    }
+}
+
+fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
+    // Both exact str: the comparison runs no code and cannot fail.
+    a.as_ptr() == b.as_ptr() || unsafe { ffi::PyUnicode_Compare(a.as_ptr(), b.as_ptr()) == 0 }
+}
+
+/// Is `t` an exact tensor whose `detach()` is torch's C method (which, with
+/// no mode active, runs no Python code)?
+unsafe fn plain_detach(g: &Globals, t: *mut ffi::PyObject, detach: *mut ffi::PyObject) -> bool {
+    let tp = ffi::Py_TYPE(t);
+    if tp != g.tensor && tp != g.parameter {
+        return false;
+    }
+    let base = (*g.tensor).tp_base;
+    let found = type_lookup(tp, detach);
+    !base.is_null()
+        && !found.is_null()
+        && found == type_lookup(base, detach)
+        && ffi::Py_TYPE(found) == std::ptr::addr_of_mut!(ffi::PyMethodDescr_Type)
+}
+
+/// `root.state_dict(prefix=prefix, keep_vars=keep)` with no destination,
+/// from its plan: Some(result) when the plan held, None when the caller must
+/// walk live. `prefix` is an exact str.
+pub fn replay<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    root: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    keep: bool,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    if !ENABLED {
+        return None;
+    }
+    let r = root.as_ptr();
+    let i = slots().iter().position(|p| {
+        p.as_ref()
+            .is_some_and(|p| p.root == r && same_str(prefix, &p.prefix))
+    })?;
+    let detach = pyo3::intern!(py, "detach");
+    if !keep {
+        match crate::runtime::get().and_then(|rt| rt.modes_active(py)) {
+            Ok(false) => {}
+            Ok(true) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    let ok = {
+        let plan = slots()[i].as_ref()?;
+        // SAFETY: see the module docs (checked in visit order).
+        unsafe {
+            room_for(plan.max_depth)
+                && plan.visits.iter().all(|v| {
+                    holds(&v.seen, v.module)
+                        && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
+                        && v.hooks
+                            .iter()
+                            .all(|&h| hook_dict_len(h, g.odict) == Some(0))
+                        && (keep
+                            || plan.entries[v.entries.0 as usize..v.entries.1 as usize]
+                                .iter()
+                                .all(|e| plain_detach(g, e.tensor, detach.as_ptr())))
+                })
+        }
+    };
+    if !ok {
+        slots()[i] = None;
+        return None;
+    }
+    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Our own references, taken before anything can run: `detach` releases
+    // the GIL, and another thread may then change the tree (its changes come
+    // after this call's reads, as one of the orders torch's walk allows) or
+    // drop this plan.
+    let plan = Arc::clone(slots()[i].as_ref()?);
+    let mut held: Vec<Bound<'py, PyAny>> = Vec::with_capacity(plan.entries.len() * 2);
+    // SAFETY: every pointer is held by an object the checks above found
+    // unchanged, and nothing ran since.
+    unsafe {
+        for v in &plan.visits {
+            held.push(Bound::from_borrowed_ptr(py, v.version));
+            if !v.non_persistent.is_null() {
+                held.push(Bound::from_borrowed_ptr(py, v.non_persistent));
+            }
+        }
+        for e in &plan.entries {
+            held.push(Bound::from_borrowed_ptr(py, e.tensor));
+            if !e.buffer.is_null() {
+                held.push(Bound::from_borrowed_ptr(py, e.buffer));
+            }
+        }
+    }
+    // SAFETY: GIL held; re-enabled below on every path.
+    let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
+    let out = unsafe { build(py, g, &plan, keep) };
+    if gc_was_enabled {
+        unsafe { ffi::PyGC_Enable() };
+    }
+    drop(held);
+    Some(out)
+}
+
+/// The state dict the checked plan describes.
+unsafe fn build<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    plan: &Plan,
+    keep: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let odict = Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject);
+    let destination = odict.call0()?;
+    let metadata = odict.call0()?;
+    destination.setattr(pyo3::intern!(py, "_metadata"), &metadata)?;
+    let version_name = pyo3::intern!(py, "version");
+    let detach = pyo3::intern!(py, "detach");
+    for v in &plan.visits {
+        let local = pyo3::types::PyDict::new(py);
+        local.set_item(version_name, Bound::from_borrowed_ptr(py, v.version))?;
+        metadata.set_item(v.metadata_key.bind(py), local)?;
+        for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
+            if !e.buffer.is_null() {
+                match ffi::PySet_Contains(v.non_persistent, e.buffer) {
+                    0 => {}
+                    1 => continue,
+                    _ => return Err(PyErr::fetch(py)),
+                }
+            }
+            let t = Bound::from_borrowed_ptr(py, e.tensor);
+            let value = if keep { t } else { t.call_method0(detach)? };
+            destination.set_item(e.key.bind(py), value)?;
+        }
+    }
+    Ok(destination)
+}
+
+/// After a live `root.state_dict(prefix=prefix)` with no destination
+/// completed: record the walk it would take now, if a plan can describe it.
+pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
+    if !ENABLED || unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0 {
+        return;
+    }
+    let key = (root.as_ptr(), Walk::StateDict);
+    if refused(key) {
+        return;
+    }
+    let mut plan = Plan {
+        root: root.as_ptr(),
+        prefix: prefix.clone().unbind(),
+        visits: Vec::new(),
+        entries: Vec::new(),
+        max_depth: 0,
+    };
+    let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
+    // SAFETY: clearing what a lookup of the recording may have raised.
+    unsafe { ffi::PyErr_Clear() };
+    let holding = ok
+        && plan.visits.iter().all(|v| unsafe {
+            holds(&v.seen, v.module) && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
+        });
+    if !holding {
+        refuse(key);
+        return;
+    }
+    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let slots = slots();
+    let i = match slots.iter().position(|p| {
+        p.as_ref()
+            .is_some_and(|p| p.root == plan.root && same_str(prefix, &p.prefix))
+    }) {
+        Some(i) => i,
+        None => {
+            // SAFETY: GIL held.
+            let next = unsafe { &mut *TABLE.1.get() };
+            let i = *next;
+            *next = (i + 1) % SLOTS;
+            i
+        }
+    };
+    let old = slots[i].replace(Arc::new(plan));
+    drop(old);
+}
+
+/// `a + b` for exact strs.
+unsafe fn concat<'py>(a: &Bound<'py, PyAny>, b: *mut ffi::PyObject) -> Option<Bound<'py, PyAny>> {
+    Bound::from_owned_ptr_or_opt(a.py(), ffi::PyUnicode_Concat(a.as_ptr(), b))
+}
+
+/// An attribute torch reads with `self.<name>`, when a plain dict entry
+/// (the class has no attribute of that name).
+unsafe fn dict_entry(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    if !type_lookup(tp, name).is_null() {
+        return std::ptr::null_mut();
+    }
+    ffi::PyDict_GetItemWithError(dict, name)
+}
+
+/// Record `module`'s visit under `prefix` and its children's, in torch's
+/// order; false where the walk leaves what a plan can describe. Runs no
+/// Python code: only exact dicts and strs are read.
+unsafe fn visit(
+    g: &Globals,
+    module: &Bound<'_, PyAny>,
+    prefix: &Bound<'_, PyAny>,
+    depth: u32,
+    plan: &mut Plan,
+) -> bool {
+    let py = module.py();
+    let m = module.as_ptr();
+    let tp = ffi::Py_TYPE(m);
+    let extra = pyo3::intern!(py, "get_extra_state").as_ptr();
+    if (depth > 0 && !is_native(g, module, Method::StateDict))
+        || !is_native(g, module, Method::SaveToStateDict)
+        || type_lookup(tp, g.names.dunder_getattribute) != g.orig.object_getattribute
+        || type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+        || Some(type_lookup(tp, extra)) != original(Method::GetExtraState)
+    {
+        return false;
+    }
+    let Some(seen) = seen_now(m) else {
+        return false;
+    };
+    let n = &g.names;
+    let mut regs = [(std::ptr::null_mut(), 0); 3];
+    for (slot, name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
+        let r = dict_entry(tp, seen.dict, name);
+        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
+            return false;
+        }
+        *slot = (r, dict_version(r));
+    }
+    let mut hooks = [std::ptr::null_mut(); 2];
+    let hook_names = [
+        pyo3::intern!(py, "_state_dict_pre_hooks"),
+        pyo3::intern!(py, "_state_dict_hooks"),
+    ];
+    for (slot, name) in hooks.iter_mut().zip(hook_names) {
+        let h = dict_entry(tp, seen.dict, name.as_ptr());
+        if h.is_null() || hook_dict_len(h, g.odict) != Some(0) {
+            return false;
+        }
+        *slot = h;
+    }
+    let version = match plain_attr(tp, seen.dict, pyo3::intern!(py, "_version").as_ptr()) {
+        Plain::Found(v) => v,
+        _ => return false,
+    };
+    let Some(metadata_key) = prefix
+        .get_item(pyo3::types::PySlice::new(py, 0, -1, 1))
+        .ok()
+        .filter(|k| ffi::PyUnicode_CheckExact(k.as_ptr()) != 0)
+    else {
+        return false;
+    };
+    let start = plan.entries.len() as u32;
+    let mut non_persistent: *mut ffi::PyObject = std::ptr::null_mut();
+    for (reg, is_buffer) in [(regs[0].0, false), (regs[1].0, true)] {
+        let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            if ffi::PyUnicode_CheckExact(name) == 0 {
+                return false;
+            }
+            if value == ffi::Py_None() {
+                continue;
+            }
+            if is_buffer && non_persistent.is_null() {
+                non_persistent = dict_entry(tp, seen.dict, n.non_persistent);
+                if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
+                    return false;
+                }
+            }
+            let Some(key) = concat(prefix, name) else {
+                return false;
+            };
+            plan.entries.push(Entry {
+                tensor: value,
+                key: key.unbind(),
+                buffer: if is_buffer {
+                    name
+                } else {
+                    std::ptr::null_mut()
+                },
+            });
+        }
+    }
+    plan.max_depth = plan.max_depth.max(depth);
+    plan.visits.push(Visit {
+        module: m,
+        seen,
+        regs,
+        hooks,
+        non_persistent,
+        version,
+        metadata_key: metadata_key.unbind(),
+        entries: (start, plan.entries.len() as u32),
+    });
+    let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    while ffi::PyDict_Next(regs[2].0, &mut pos, &mut name, &mut value) != 0 {
+        if ffi::PyUnicode_CheckExact(name) == 0 {
+            return false;
+        }
+        if value == ffi::Py_None() {
+            continue;
+        }
+        let Some(child_prefix) = concat(prefix, name).and_then(|p| concat(&p, g.names.dot)) else {
+            return false;
+        };
+        let child = Bound::from_borrowed_ptr(py, value);
+        if !visit(g, &child, &child_prefix, depth + 1, plan) {
+            return false;
+        }
+    }
+    true
+}
