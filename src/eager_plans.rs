@@ -44,8 +44,10 @@ use std::cell::UnsafeCell;
 pub enum Walk {
     Train,
     Apply,
-    /// `crate::state_dict_plan`'s (which shares the refusals below).
+    /// `crate::state_dict_plan`'s and `crate::load_plan`'s (which share the
+    /// refusals below).
     StateDict,
+    Load,
 }
 
 /// One module as the walk visits it.
@@ -337,7 +339,7 @@ unsafe fn visit(
     let method = match plan.walk {
         Walk::Train => Method::Train,
         Walk::Apply => Method::ApplyFn,
-        Walk::StateDict => return false,
+        Walk::StateDict | Walk::Load => return false,
     };
     if (depth > 0 && !is_native(g, module, method))
         || !is_native(g, module, Method::Children)

@@ -29,6 +29,7 @@ mod ffi_ext;
 mod hooks;
 mod items;
 mod leaves;
+mod load_plan;
 mod lookup;
 mod methods;
 mod names;
@@ -87,6 +88,7 @@ fn clear_plans() {
     plans::clear();
     eager_plans::clear();
     state_dict_plan::clear();
+    load_plan::clear();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
@@ -105,6 +107,12 @@ fn eager_plan_stats() -> (usize, usize) {
 #[pyfunction]
 fn state_dict_plan_stats() -> (usize, usize) {
     state_dict_plan::stats()
+}
+
+/// `(load_state_dict walks recorded as plans, replayed)` since import.
+#[pyfunction]
+fn load_plan_stats() -> (usize, usize) {
+    load_plan::stats()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
@@ -270,6 +278,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(eager_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(state_dict_plan_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(load_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(install_class, m)?)?;
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;

@@ -106,8 +106,35 @@ pub fn load_tree<'py>(
         errors: errors.clone(),
         post_hook_text: post_hook_text.clone(),
     };
+    // The plain case (nothing assigned, metadata that is None or a plain
+    // dict, torch's swap flag off, no mode) can come from a recorded plan
+    // (crate::load_plan).
+    let plannable = !ctx.assigning
+        && unsafe { is_dict_or_odict(g, state_dict.as_ptr()) }
+        && (metadata.is_none() || unsafe { is_dict_or_odict(g, metadata.as_ptr()) })
+        && {
+            let rt = crate::runtime::get()?;
+            rt.swap.is_original(py)? && !rt.swap.get(py)? && !rt.modes_active(py)?
+        };
+    if plannable {
+        let report = crate::load_plan::Report {
+            errors,
+            copy_error: cfg.copy_error.bind(py),
+        };
+        if let Some(r) = crate::load_plan::replay(py, g, module, state_dict, report) {
+            return r;
+        }
+    }
     let prefix = PyString::new(py, "");
-    load(py, &ctx, module, state_dict, prefix.as_any())
+    load(py, &ctx, module, state_dict, prefix.as_any())?;
+    if plannable {
+        let orig = crate::load_plan::Originals {
+            load_from_state_dict: cfg.load_from_state_dict.as_ptr(),
+            set_extra_state: cfg.set_extra_state.as_ptr(),
+        };
+        crate::load_plan::record(g, &orig, module);
+    }
+    Ok(())
 }
 
 /// `prefix[:-1]`, with the very slice object Python builds for it.

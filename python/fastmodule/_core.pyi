@@ -21,6 +21,9 @@ def clear_plans() -> None:
 def plan_stats() -> tuple[int, int]:
     """(tree walks recorded as plans, walks started from a plan) since import."""
 
+def load_plan_stats() -> tuple[int, int]:
+    """(load_state_dict walks recorded as plans, replayed) since import."""
+
 def state_dict_plan_stats() -> tuple[int, int]:
     """(state_dict walks recorded as plans, replayed) since import."""
 
