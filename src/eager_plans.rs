@@ -177,11 +177,11 @@ pub fn replay_train(
     Some(Ok(()))
 }
 
-/// Is `root`'s `_apply` a no-op? Some(true) when its plan holds and
+/// Is `root`'s `_apply` a no-op? Some(()) when its plan holds and
 /// `unchanged(tensor, is_parameter)` is true for every tensor the walk would
 /// convert; None when the caller must walk live (no plan, a stale one, or a
 /// tensor to convert). `unchanged` must only read; an error it raises is
-/// cleared (the live walk meets it again, in order).
+/// dropped (the live walk meets it again, in order).
 pub fn apply_is_noop(
     py: Python<'_>,
     root: &Bound<'_, PyAny>,
