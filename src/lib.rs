@@ -294,6 +294,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_load, m)?)?;
     m.add_function(wrap_pyfunction!(init_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(state_dict::load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

@@ -106,25 +106,7 @@ pub fn load_tree<'py>(
         errors: errors.clone(),
         post_hook_text: post_hook_text.clone(),
     };
-    // The plain case (nothing assigned, metadata that is None or a plain
-    // dict, torch's swap flag off, no mode) can come from a recorded plan
-    // (crate::load_plan).
-    let plannable = !ctx.assigning
-        && unsafe { is_dict_or_odict(g, state_dict.as_ptr()) }
-        && (metadata.is_none() || unsafe { is_dict_or_odict(g, metadata.as_ptr()) })
-        && {
-            let rt = crate::runtime::get()?;
-            rt.swap.is_original(py)? && !rt.swap.get(py)? && !rt.modes_active(py)?
-        };
-    if plannable {
-        let report = crate::load_plan::Report {
-            errors,
-            copy_error: cfg.copy_error.bind(py),
-        };
-        if let Some(r) = crate::load_plan::replay(py, g, module, state_dict, report) {
-            return r;
-        }
-    }
+    let plannable = plain_load(py, g, state_dict, metadata, ctx.assigning)?;
     let prefix = PyString::new(py, "");
     load(py, &ctx, module, state_dict, prefix.as_any())?;
     if plannable {
@@ -135,6 +117,58 @@ pub fn load_tree<'py>(
         crate::load_plan::record(g, &orig, module);
     }
     Ok(())
+}
+
+/// The plain case a recorded plan can load (crate::load_plan): nothing
+/// assigned, a dict or `OrderedDict`, metadata that is None or one of those,
+/// torch's swap flag off, no mode active.
+fn plain_load(
+    py: Python<'_>,
+    g: &Globals,
+    state_dict: &Bound<'_, PyAny>,
+    metadata: &Bound<'_, PyAny>,
+    assigning: bool,
+) -> PyResult<bool> {
+    if assigning
+        || !unsafe { is_dict_or_odict(g, state_dict.as_ptr()) }
+        || !(metadata.is_none() || unsafe { is_dict_or_odict(g, metadata.as_ptr()) })
+    {
+        return Ok(false);
+    }
+    let rt = crate::runtime::get()?;
+    Ok(rt.swap.is_original(py)? && !rt.swap.get(py)? && !rt.modes_active(py)?)
+}
+
+/// torch's `load_state_dict` walk from `module`'s recorded plan, when the
+/// call is the plain case and the caller's dict holds exactly the keys the
+/// plan expects: true when done (copy failures reported in `errors`), false
+/// when nothing was done. For a dict or `OrderedDict`, torch's private copy
+/// of it (`OrderedDict(state_dict)`) is unobservable when no hook or
+/// override receives it, so the plan reads the caller's dict itself.
+#[pyfunction]
+pub fn load_replay<'py>(
+    py: Python<'py>,
+    module: &Bound<'py, PyAny>,
+    state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
+    assign: &Bound<'py, PyAny>,
+    errors: &Bound<'py, PyAny>,
+) -> PyResult<bool> {
+    let g = crate::state::require(py)?;
+    let cfg = CONFIG
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))?;
+    if !plain_load(py, g, state_dict, metadata, assign.is_truthy()?)? {
+        return Ok(false);
+    }
+    let report = crate::load_plan::Report {
+        errors,
+        copy_error: cfg.copy_error.bind(py),
+    };
+    match crate::load_plan::replay(py, g, module, state_dict, report) {
+        Some(r) => r.map(|()| true),
+        None => Ok(false),
+    }
 }
 
 /// `prefix[:-1]`, with the very slice object Python builds for it.

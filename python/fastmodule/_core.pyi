@@ -67,6 +67,16 @@ def load_tree(
 ) -> None:
     """torch's ``load()`` walk of ``load_state_dict``, natively."""
 
+def load_replay(
+    module: object,
+    state_dict: object,
+    metadata: object,
+    assign: object,
+    errors: list[str],
+) -> bool:
+    """The load from ``module``'s recorded walk when ``state_dict`` holds exactly its
+    keys (True: done, copy failures appended to ``errors``); False: nothing done."""
+
 def init_layers(config: dict[str, object]) -> None:
     """Capture torch's layer functions the call path may run natively."""
 

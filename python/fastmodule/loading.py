@@ -76,11 +76,16 @@ def _load_state_dict(
     unexpected: list[str] = []
     errors: list[str] = []
     metadata = getattr(state_dict, "_metadata", None)
-    # A copy, as torch makes: _load_from_state_dict may edit it.
-    root = OrderedDict(state_dict)
-    if metadata is not None:
-        root._metadata = metadata  # type: ignore[attr-defined]
-    _core.load_tree(self, root, metadata, assign, missing, unexpected, errors, texts["post_hook"])
+    # An unchanged tree whose dict holds exactly its keys: copied from the
+    # recorded walk, reading the caller's dict (no hook sees torch's copy).
+    if not _core.load_replay(self, state_dict, metadata, assign, errors):
+        # A copy, as torch makes: _load_from_state_dict may edit it.
+        root = OrderedDict(state_dict)
+        if metadata is not None:
+            root._metadata = metadata  # type: ignore[attr-defined]
+        _core.load_tree(
+            self, root, metadata, assign, missing, unexpected, errors, texts["post_hook"]
+        )
     if strict:
         if unexpected:
             quoted = ", ".join(f'"{k}"' for k in unexpected)
