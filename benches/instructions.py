@@ -12,6 +12,11 @@ valgrind's headers).
 Usage::
 
     python benches/instructions.py mlp64_accelerated tree_train --loops 20
+    python benches/instructions.py tree_load_state_dict --growth 1 2 4 8 --loops 3
+
+``--growth SCALE ...`` counts only the fastmodule side, with the case's tree
+scaled by each factor (``tree_load_state_dict`` has 500 blocks at scale 1, the
+other tree cases 2000), and prints each count's growth from the previous one.
 
 Instructions are not time: cache misses and branch mispredictions are not
 counted, so a memory-bound walk can gain less time than instructions.
@@ -51,13 +56,14 @@ def build_helper(workdir: Path) -> Path:
     return lib
 
 
-def child(case_name: str, side: str, loops: int, helper: str) -> None:
+def child(case_name: str, side: str, loops: int, helper: str, scale: float = 1.0) -> None:
     """Run inside valgrind: build the case, warm up, count ``loops`` executions."""
     import torch
 
-    from fastmodule.bench.cases import get_case
+    from fastmodule.bench.cases import get_case, set_scale
 
     torch.set_num_threads(1)
+    set_scale(scale)
     variant = get_case(case_name).build(torch.device("cpu"))[side]
     op = variant.as_callable()
     lib = ctypes.CDLL(helper)
@@ -70,9 +76,11 @@ def child(case_name: str, side: str, loops: int, helper: str) -> None:
         lib.fm_stop()
 
 
-def count(case_name: str, side: str, loops: int, helper: Path, workdir: Path) -> float:
-    """Instructions per execution of one side of a case."""
-    out = workdir / f"{case_name}.{side}.out"
+def count(
+    case_name: str, side: str, loops: int, helper: Path, workdir: Path, scale: float = 1.0
+) -> float:
+    """Instructions per execution of one side of a case (its tree scaled by ``scale``)."""
+    out = workdir / f"{case_name}.{side}.{scale}.out"
     cmd = [
         "valgrind",
         "--tool=callgrind",
@@ -85,6 +93,7 @@ def count(case_name: str, side: str, loops: int, helper: Path, workdir: Path) ->
         side,
         str(loops),
         str(helper),
+        str(scale),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -100,15 +109,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", default=["mlp64_accelerated"])
     parser.add_argument("--loops", type=int, default=20, help="counted executions per side")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--growth",
+        type=float,
+        nargs="+",
+        metavar="SCALE",
+        help="count the fastmodule side only, at each tree scale",
+    )
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, side, loops, helper = args.child
-        child(name, side, int(loops), helper)
+        name, side, loops, helper, scale = args.child
+        child(name, side, int(loops), helper, float(scale))
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         helper = build_helper(workdir)
+        if args.growth:
+            print("| case | scale | fastmodule | growth |")
+            print("|---|---|---|---|")
+            for name in args.cases:
+                prev = None
+                for scale in args.growth:
+                    n = count(name, "fast", args.loops, helper, workdir, scale)
+                    growth = "" if prev is None else f"{n / prev:.2f}x"
+                    print(f"| {name} | {scale:g} | {n:,.0f} | {growth} |", flush=True)
+                    prev = n
+            return
         print("| case | stock | fastmodule | lower bound | stock / fast | fast / lower |")
         print("|---|---|---|---|---|---|")
         for name in args.cases:
