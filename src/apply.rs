@@ -344,7 +344,7 @@ pub fn root<'py>(
     }
     let out = body(py, &ctx, module, recurse)?;
     if plannable {
-        crate::eager_plans::record(g, crate::eager_plans::Walk::Apply, module, None);
+        crate::eager_plans::record(g, crate::plan_parts::Walk::Apply, module, None);
     }
     Ok(out)
 }

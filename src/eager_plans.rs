@@ -27,37 +27,20 @@
 //!
 //! Pointers are borrowed and dereferenced in visit order, each only after the
 //! visit holding it (its parent, whose unchanged `_modules` keeps it alive)
-//! passed its checks. Like the per-instance facts, plans are off on 3.13 and
-//! free-threaded builds.
+//! passed its checks. The table, the module checks and the refusals are
+//! `crate::plan_parts`'.
 use crate::callcache::dict_version;
 use crate::ffi_ext::type_lookup;
-use crate::plans::{holds, seen_now, Seen};
+use crate::plan_parts::{refuse, refused, room_for, Checked, Table, Walk};
 use crate::state::Globals;
 use crate::traversal::{is_native, Method};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use std::cell::UnsafeCell;
-
-/// Which walk a plan records.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Walk {
-    Train,
-    Apply,
-    /// `crate::state_dict_plan`'s and `crate::load_plan`'s (which share the
-    /// refusals below).
-    StateDict,
-    Load,
-}
 
 /// One module as the walk visits it.
 struct Visit {
-    /// Borrowed (the root is the caller's; a child is a value of its
-    /// parent's unchanged `_modules`).
-    module: *mut ffi::PyObject,
-    seen: Seen,
-    /// `_parameters`, `_buffers`, `_modules` and their versions.
-    regs: [(*mut ffi::PyObject, u64); 3],
+    module: Checked,
     /// `_apply`: this visit's non-None parameters, then buffers, in
     /// `Plan::tensors` (borrowed from the unchanged registries).
     tensors: (u32, u32, u32),
@@ -74,72 +57,28 @@ struct Plan {
     mode: *mut ffi::PyObject,
 }
 
-const SLOTS: usize = 4;
-struct Table(UnsafeCell<[Option<Box<Plan>>; SLOTS]>, UnsafeCell<usize>);
-// SAFETY: read and written only with the GIL held (never on free-threaded
-// builds).
-unsafe impl Sync for Table {}
-static TABLE: Table = Table(
-    UnsafeCell::new([None, None, None, None]),
-    UnsafeCell::new(0),
-);
-
-/// Roots whose last recording failed (a module a plan cannot describe, such
-/// as a class overriding the walked method), with the number of live walks
-/// left before the next attempt: a tree that cannot be recorded does not pay
-/// for a recording walk on every call. A reused address only delays one.
-type Refused = ((*mut ffi::PyObject, Walk), u32);
-const RETRY_AFTER: u32 = 15;
-struct Refusals(UnsafeCell<[Refused; SLOTS]>, UnsafeCell<usize>);
-// SAFETY: as TABLE.
-unsafe impl Sync for Refusals {}
-static REFUSED: Refusals = Refusals(
-    UnsafeCell::new([((std::ptr::null_mut(), Walk::Train), 0); SLOTS]),
-    UnsafeCell::new(0),
-);
-
-static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static REPLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TABLE: Table<Plan> = Table::new();
 
 /// `(eager walks recorded, eager walks replayed)` since import.
 pub fn stats() -> (usize, usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (RECORDED.load(Relaxed), REPLAYED.load(Relaxed))
+    TABLE.stats()
 }
 
-const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
-
-fn slots() -> &'static mut [Option<Box<Plan>>; SLOTS] {
-    // SAFETY: GIL held by every caller; no reference outlives a call.
-    unsafe { &mut *TABLE.0.get() }
-}
-
-/// Forget every plan.
+/// Forget every plan (and every refusal).
 pub fn clear() {
-    for s in slots().iter_mut() {
-        *s = None;
-    }
-    // SAFETY: GIL held.
-    for r in unsafe { &mut *REFUSED.0.get() }.iter_mut() {
-        r.1 = 0;
-    }
+    TABLE.clear();
+    crate::plan_parts::clear_refusals();
 }
 
-/// The slot of `root`'s `walk` plan, if every visit still holds (a stale plan
-/// is dropped).
-fn holding(root: *mut ffi::PyObject, walk: Walk) -> Option<usize> {
-    if !ENABLED {
-        return None;
-    }
-    let i = slots()
-        .iter()
-        .position(|p| p.as_ref().is_some_and(|p| p.root == root && p.walk == walk))?;
-    let plan = slots()[i].as_ref()?;
+/// The slot and plan of `root`'s `walk`, if every visit still holds (a stale
+/// plan is dropped).
+fn holding(root: *mut ffi::PyObject, walk: Walk) -> Option<(usize, std::sync::Arc<Plan>)> {
+    let (i, plan) = TABLE.find(|p| p.root == root && p.walk == walk)?;
     // SAFETY: see the module docs (checked in visit order).
-    if unsafe { room_for(plan.max_depth) && plan.visits.iter().all(|v| visit_holds(v)) } {
-        Some(i)
+    if unsafe { room_for(plan.max_depth) && plan.visits.iter().all(|v| v.module.holds()) } {
+        Some((i, plan))
     } else {
-        slots()[i] = None;
+        TABLE.forget(i);
         None
     }
 }
@@ -153,9 +92,11 @@ pub fn replay_train(
     root: &Bound<'_, PyAny>,
     mode: &Bound<'_, PyAny>,
 ) -> Option<PyResult<()>> {
-    let i = holding(root.as_ptr(), Walk::Train)?;
-    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let plan = slots()[i].as_mut()?;
+    let (i, held) = holding(root.as_ptr(), Walk::Train)?;
+    drop(held);
+    TABLE.note_replay();
+    // Updated in place below (no GIL release: no one else holds it).
+    let plan = TABLE.get_mut(i)?;
     let mode = mode.as_ptr();
     if plan.mode == mode {
         return Some(Ok(()));
@@ -164,14 +105,14 @@ pub fn replay_train(
         // The live walk's fast `self.training = mode` (crate::facts): a
         // rebinding of the dict entry; a shared module's later visits find
         // `mode` already there and change nothing, as in torch.
-        if unsafe { ffi::PyObject_GenericSetAttr(v.module, name.as_ptr(), mode) } < 0 {
-            slots()[i] = None;
+        if unsafe { ffi::PyObject_GenericSetAttr(v.module.module, name.as_ptr(), mode) } < 0 {
+            TABLE.forget(i);
             return Some(Err(PyErr::fetch(py)));
         }
     }
     // Nothing but those rebindings ran: carry the plan to the new versions.
     for v in &mut plan.visits {
-        v.seen.version = unsafe { dict_version(v.seen.dict) };
+        v.module.seen.version = unsafe { dict_version(v.module.seen.dict) };
     }
     plan.mode = mode;
     Some(Ok(()))
@@ -187,18 +128,17 @@ pub fn apply_is_noop(
     root: &Bound<'_, PyAny>,
     mut unchanged: impl FnMut(&Bound<'_, PyAny>, bool) -> PyResult<bool>,
 ) -> Option<()> {
-    let i = holding(root.as_ptr(), Walk::Apply)?;
-    let plan = slots()[i].as_ref()?;
+    let (_, plan) = holding(root.as_ptr(), Walk::Apply)?;
     // A getter may allocate (a grad's Python object): with the cyclic GC
     // paused no finalizer runs, so the borrowed tensors stay alive.
     // SAFETY: GIL held; restored on every path.
     let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
-    let noop = all_left_as_is(py, plan, &mut unchanged);
+    let noop = all_left_as_is(py, &plan, &mut unchanged);
     if gc_was_enabled {
         unsafe { ffi::PyGC_Enable() };
     }
     if noop {
-        REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        TABLE.note_replay();
         return Some(());
     }
     None
@@ -223,64 +163,11 @@ fn all_left_as_is(
     true
 }
 
-#[inline(always)]
-unsafe fn visit_holds(v: &Visit) -> bool {
-    holds(&v.seen, v.module) && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-}
-
-/// Would the live walk's recursion (`max_depth` levels below a root level)
-/// stay within the limits it checks?
-pub(crate) unsafe fn room_for(max_depth: u32) -> bool {
-    let levels = i64::from(max_depth) + 1;
-    if crate::traversal::walk_depth() + levels > i64::from(ffi::Py_GetRecursionLimit()) {
-        return false;
-    }
-    let mut entered = 0;
-    while entered < levels {
-        if ffi::Py_EnterRecursiveCall(c"".as_ptr()) != 0 {
-            ffi::PyErr_Clear();
-            break;
-        }
-        entered += 1;
-    }
-    for _ in 0..entered {
-        ffi::Py_LeaveRecursiveCall();
-    }
-    entered == levels
-}
-
-/// Is a recording of `key` to be skipped this time (a recent one failed)?
-pub(crate) fn refused(key: (*mut ffi::PyObject, Walk)) -> bool {
-    // SAFETY: GIL held.
-    let table = unsafe { &mut *REFUSED.0.get() };
-    match table.iter_mut().find(|r| r.0 == key && r.1 > 0) {
-        Some(r) => {
-            r.1 -= 1;
-            true
-        }
-        None => false,
-    }
-}
-
-/// Note that recording `key` failed: skip the next attempts.
-pub(crate) fn refuse(key: (*mut ffi::PyObject, Walk)) {
-    // SAFETY: GIL held.
-    let (table, next) = unsafe { (&mut *REFUSED.0.get(), &mut *REFUSED.1.get()) };
-    let i = match table.iter().position(|r| r.0 == key) {
-        Some(i) => i,
-        None => {
-            let i = *next;
-            *next = (i + 1) % SLOTS;
-            i
-        }
-    };
-    table[i] = (key, RETRY_AFTER);
-}
-
 /// After a live walk of `root` completed: record the walk it would take now,
 /// if a plan can describe it. `mode`: `train`'s (Py_True/Py_False).
 pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bound<'_, PyAny>>) {
-    if !ENABLED {
+    let key = (root.as_ptr(), walk);
+    if !crate::plan_parts::ENABLED || refused(key) {
         return;
     }
     let py = root.py();
@@ -292,34 +179,16 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         max_depth: 0,
         mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
     };
-    let key = (plan.root, walk);
-    if refused(key) {
-        return;
-    }
     let training = pyo3::intern!(py, "training").as_ptr();
     let ok = unsafe { visit(g, training, root, 0, &mut plan) };
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
-    if !ok || !plan.visits.iter().all(|v| unsafe { visit_holds(v) }) {
+    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
     }
-    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let slots = slots();
-    let i = match slots.iter().position(|p| {
-        p.as_ref()
-            .is_some_and(|p| p.root == plan.root && p.walk == walk)
-    }) {
-        Some(i) => i,
-        None => {
-            // SAFETY: GIL held.
-            let next = unsafe { &mut *TABLE.1.get() };
-            let i = *next;
-            *next = (i + 1) % SLOTS;
-            i
-        }
-    };
-    slots[i] = Some(Box::new(plan));
+    let root = plan.root;
+    TABLE.store(|p| p.root == root && p.walk == walk, plan);
 }
 
 /// Record `module`'s visit and its children's, in torch's order; false where
@@ -356,32 +225,29 @@ unsafe fn visit(
     {
         return false;
     }
-    let Some(seen) = seen_now(m) else {
+    let Some(checked) = Checked::read(g, m) else {
         return false;
     };
-    if plan.walk == Walk::Train && ffi::PyDict_GetItemWithError(seen.dict, training) != plan.mode {
-        return false;
-    }
-    let n = &g.names;
-    let mut regs = [(std::ptr::null_mut(), 0); 3];
-    for (slot, reg_name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
-        if !type_lookup(tp, reg_name).is_null() {
+    if plan.walk == Walk::Train {
+        if ffi::PyDict_GetItemWithError(checked.seen.dict, training) != plan.mode {
             return false;
         }
-        let r = ffi::PyDict_GetItemWithError(seen.dict, reg_name);
-        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
+        // Exact dicts with str keys (`training`'s hash is cached): no code runs.
+        if checked
+            .regs
+            .iter()
+            .any(|&(r, _)| ffi::PyDict_Contains(r, training) != 0)
+        {
             return false;
         }
-        // An exact dict with str keys (`training`'s hash is cached): no code runs.
-        if plan.walk == Walk::Train && ffi::PyDict_Contains(r, training) != 0 {
-            return false;
-        }
-        *slot = (r, dict_version(r));
     }
     let start = plan.tensors.len() as u32;
     let mut mid = start;
     if plan.walk == Walk::Apply {
-        for (i, &(reg, _)) in regs[..2].iter().enumerate() {
+        for (i, reg) in [checked.parameters(), checked.buffers()]
+            .into_iter()
+            .enumerate()
+        {
             let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
             while ffi::PyDict_Next(reg, &mut pos, &mut key, &mut value) != 0 {
                 if value != ffi::Py_None() {
@@ -395,12 +261,10 @@ unsafe fn visit(
     }
     plan.max_depth = plan.max_depth.max(depth);
     plan.visits.push(Visit {
-        module: m,
-        seen,
-        regs,
+        module: checked,
         tensors: (start, mid, plan.tensors.len() as u32),
     });
-    let mods = regs[2].0;
+    let mods = checked.modules();
     let py = module.py();
     let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
     // named_children's memo, by identity (checked per child's class).

@@ -34,6 +34,7 @@ mod lookup;
 mod methods;
 mod names;
 mod paths;
+mod plan_parts;
 mod plans;
 mod register;
 mod routes;

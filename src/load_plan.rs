@@ -23,25 +23,18 @@
 //! does and going on. The cyclic GC is paused during the checks (so no
 //! finalizer runs between them), and the replay holds its own references
 //! while `copy_` releases the GIL.
-use crate::callcache::dict_version;
-use crate::eager_plans::{refuse, refused, room_for, Walk};
 use crate::ffi_ext::type_lookup;
-use crate::lookup::{data_attr, hook_dict_len, truthy};
-use crate::plans::{holds, seen_now, Seen};
+use crate::lookup::{data_attr, truthy};
+use crate::plan_parts::{
+    concat, empty_hooks, hooks_empty, refuse, refused, room_for, Checked, Table, Walk,
+};
 use crate::state::Globals;
 use pyo3::exceptions::PyException;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use std::cell::UnsafeCell;
-use std::sync::Arc;
 
 struct Visit {
-    /// Borrowed (the root is the caller's; a child is a value of its
-    /// parent's unchanged `_modules`).
-    module: *mut ffi::PyObject,
-    seen: Seen,
-    /// `_parameters`, `_buffers`, `_modules` and their versions.
-    regs: [(*mut ffi::PyObject, u64); 3],
+    module: Checked,
     /// `_load_state_dict_pre_hooks`, `_load_state_dict_post_hooks`.
     hooks: [*mut ffi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set).
@@ -68,43 +61,16 @@ struct Plan {
     max_depth: u32,
 }
 
-// SAFETY: raw pointers are only compared or dereferenced with the GIL held,
-// after the checks described above.
-unsafe impl Send for Plan {}
-unsafe impl Sync for Plan {}
-
-const SLOTS: usize = 4;
-struct Table(UnsafeCell<[Option<Arc<Plan>>; SLOTS]>, UnsafeCell<usize>);
-// SAFETY: read and written only with the GIL held (never on free-threaded
-// builds).
-unsafe impl Sync for Table {}
-static TABLE: Table = Table(
-    UnsafeCell::new([None, None, None, None]),
-    UnsafeCell::new(0),
-);
-
-const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
-
-static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static REPLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TABLE: Table<Plan> = Table::new();
 
 /// `(load_state_dict walks recorded, replayed)` since import.
 pub fn stats() -> (usize, usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (RECORDED.load(Relaxed), REPLAYED.load(Relaxed))
-}
-
-fn slots() -> &'static mut [Option<Arc<Plan>>; SLOTS] {
-    // SAFETY: GIL held by every caller; no reference outlives a call.
-    unsafe { &mut *TABLE.0.get() }
+    TABLE.stats()
 }
 
 /// Forget every plan.
 pub fn clear() {
-    for s in slots().iter_mut() {
-        let old = s.take();
-        drop(old);
-    }
+    TABLE.clear();
 }
 
 /// torch's own `_load_from_state_dict` and `set_extra_state`.
@@ -133,14 +99,8 @@ pub fn replay<'py>(
     state_dict: &Bound<'py, PyAny>,
     report: Report<'_, 'py>,
 ) -> Option<PyResult<()>> {
-    if !ENABLED {
-        return None;
-    }
     let r = root.as_ptr();
-    let i = slots()
-        .iter()
-        .position(|p| p.as_ref().is_some_and(|p| p.root == r))?;
-    let plan = Arc::clone(slots()[i].as_ref()?);
+    let (i, plan) = TABLE.find(|p| p.root == r)?;
     // SAFETY: GIL held; restored on every path.
     let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
     let checked = unsafe { check(py, g, &plan, state_dict) };
@@ -150,13 +110,13 @@ pub fn replay<'py>(
     let pairs = match checked {
         Check::Pairs(p) => p,
         Check::Stale => {
-            slots()[i] = None;
+            TABLE.forget(i);
             return None;
         }
         Check::Differs => return None,
         Check::Error(e) => return Some(Err(e)),
     };
-    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    TABLE.note_replay();
     if pairs.is_empty() {
         return Some(Ok(()));
     }
@@ -203,13 +163,7 @@ unsafe fn check<'py>(
         return Check::Differs;
     }
     for v in &plan.visits {
-        if !holds(&v.seen, v.module)
-            || !v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-            || !v
-                .hooks
-                .iter()
-                .all(|&h| hook_dict_len(h, g.odict) == Some(0))
-        {
+        if !v.module.holds() || !hooks_empty(g, &v.hooks) {
             return Check::Stale;
         }
     }
@@ -283,31 +237,24 @@ unsafe fn check<'py>(
 /// After a live load of `root` completed: record the walk, if a plan can
 /// describe it.
 pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
-    if !ENABLED {
-        return;
-    }
     let key = (root.as_ptr(), Walk::Load);
-    if refused(key) {
+    if !crate::plan_parts::ENABLED || refused(key) {
         return;
     }
     // A plan that still holds (the last call's dict was not the plain case)
     // is kept as it is.
     let r = root.as_ptr();
-    if let Some(p) = slots().iter().flatten().find(|p| p.root == r) {
-        let holds_now = p.visits.iter().all(|v| unsafe {
-            holds(&v.seen, v.module)
-                && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-                && v.hooks
-                    .iter()
-                    .all(|&h| hook_dict_len(h, g.odict) == Some(0))
-        });
-        if holds_now {
+    if let Some((_, p)) = TABLE.find(|p| p.root == r) {
+        if p.visits
+            .iter()
+            .all(|v| unsafe { v.module.holds() && hooks_empty(g, &v.hooks) })
+        {
             return;
         }
     }
     let py = root.py();
     let mut plan = Plan {
-        root: root.as_ptr(),
+        root: r,
         visits: Vec::new(),
         entries: Vec::new(),
         max_depth: 0,
@@ -316,44 +263,11 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
-    let holding = ok
-        && plan.visits.iter().all(|v| unsafe {
-            holds(&v.seen, v.module) && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-        });
-    if !holding {
+    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
     }
-    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let slots = slots();
-    let i = match slots
-        .iter()
-        .position(|p| p.as_ref().is_some_and(|p| p.root == plan.root))
-    {
-        Some(i) => i,
-        None => {
-            // SAFETY: GIL held.
-            let next = unsafe { &mut *TABLE.1.get() };
-            let i = *next;
-            *next = (i + 1) % SLOTS;
-            i
-        }
-    };
-    let old = slots[i].replace(Arc::new(plan));
-    drop(old);
-}
-
-/// An attribute torch reads with `self.<name>`, when a plain dict entry
-/// (the class has no attribute of that name).
-unsafe fn dict_entry(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    if !type_lookup(tp, name).is_null() {
-        return std::ptr::null_mut();
-    }
-    ffi::PyDict_GetItemWithError(dict, name)
+    TABLE.store(|p| p.root == r, plan);
 }
 
 /// A registry name a plan can key on: an exact str, not empty, without `.`,
@@ -391,39 +305,26 @@ unsafe fn visit(
     {
         return false;
     }
-    let Some(seen) = seen_now(m) else {
+    let Some(checked) = Checked::read(g, m) else {
         return false;
     };
-    if ffi::PyDict_Contains(seen.dict, lfsd) != 0 {
+    if ffi::PyDict_Contains(checked.seen.dict, lfsd) != 0 {
         return false;
     }
-    let n = &g.names;
-    let mut regs = [(std::ptr::null_mut(), 0); 3];
-    for (slot, name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
-        let r = dict_entry(tp, seen.dict, name);
-        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
-            return false;
-        }
-        *slot = (r, dict_version(r));
-    }
-    let mut hooks = [std::ptr::null_mut(); 2];
     let hook_names = [
-        pyo3::intern!(py, "_load_state_dict_pre_hooks"),
-        pyo3::intern!(py, "_load_state_dict_post_hooks"),
+        pyo3::intern!(py, "_load_state_dict_pre_hooks").as_ptr(),
+        pyo3::intern!(py, "_load_state_dict_post_hooks").as_ptr(),
     ];
-    for (slot, name) in hooks.iter_mut().zip(hook_names) {
-        let h = dict_entry(tp, seen.dict, name.as_ptr());
-        if h.is_null() || hook_dict_len(h, g.odict) != Some(0) {
-            return false;
-        }
-        *slot = h;
-    }
-    let non_persistent = dict_entry(tp, seen.dict, n.non_persistent);
+    let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
+        return false;
+    };
+    let non_persistent =
+        crate::plan_parts::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
     if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
         return false;
     }
     let start = plan.entries.len() as u32;
-    for (reg, is_buffer) in [(regs[0].0, false), (regs[1].0, true)] {
+    for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
             if value == ffi::Py_None() {
@@ -433,9 +334,7 @@ unsafe fn visit(
                 return false;
             }
             let persistent = !is_buffer || ffi::PySet_Contains(non_persistent, name) == 0;
-            let Some(key) =
-                Bound::from_owned_ptr_or_opt(py, ffi::PyUnicode_Concat(prefix.as_ptr(), name))
-            else {
+            let Some(key) = concat(prefix, name) else {
                 return false;
             };
             plan.entries.push(Entry {
@@ -452,27 +351,20 @@ unsafe fn visit(
     }
     plan.max_depth = plan.max_depth.max(depth);
     plan.visits.push(Visit {
-        module: m,
-        seen,
-        regs,
+        module: checked,
         hooks,
         non_persistent,
         entries: (start, plan.entries.len() as u32),
     });
     let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(regs[2].0, &mut pos, &mut name, &mut value) != 0 {
+    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
         if value == ffi::Py_None() {
             continue;
         }
         if !plain_name(name, extra) {
             return false;
         }
-        let Some(child_prefix) =
-            Bound::from_owned_ptr_or_opt(py, ffi::PyUnicode_Concat(prefix.as_ptr(), name))
-                .and_then(|p| {
-                    Bound::from_owned_ptr_or_opt(py, ffi::PyUnicode_Concat(p.as_ptr(), g.names.dot))
-                })
-        else {
+        let Some(child_prefix) = concat(prefix, name).and_then(|p| concat(&p, g.names.dot)) else {
             return false;
         };
         let child = Bound::from_borrowed_ptr(py, value);

@@ -22,25 +22,18 @@
 //! interleaving. (`detach` releases the GIL: the replay holds its own
 //! references to the plan and to every object it reads from then on.) The non-persistent sets are read as the walk goes, as torch
 //! does (their contents change without any version).
-use crate::callcache::dict_version;
-use crate::eager_plans::{refuse, refused, room_for, Walk};
 use crate::ffi_ext::type_lookup;
-use crate::lookup::{hook_dict_len, plain_attr, Plain};
-use crate::plans::{holds, seen_now, Seen};
+use crate::lookup::{plain_attr, Plain};
+use crate::plan_parts::{
+    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, room_for, Checked, Table, Walk,
+};
 use crate::state::Globals;
 use crate::traversal::{is_native, original, Method};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use std::cell::UnsafeCell;
-use std::sync::Arc;
 
 struct Visit {
-    /// Borrowed (the root is the caller's; a child is a value of its
-    /// parent's unchanged `_modules`).
-    module: *mut ffi::PyObject,
-    seen: Seen,
-    /// `_parameters`, `_buffers`, `_modules` and their versions.
-    regs: [(*mut ffi::PyObject, u64); 3],
+    module: Checked,
     /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
     hooks: [*mut ffi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set); null without buffers.
@@ -71,43 +64,16 @@ struct Plan {
     max_depth: u32,
 }
 
-// SAFETY: raw pointers are only compared or dereferenced with the GIL held,
-// after the checks described above.
-unsafe impl Send for Plan {}
-unsafe impl Sync for Plan {}
-
-const SLOTS: usize = 4;
-struct Table(UnsafeCell<[Option<Arc<Plan>>; SLOTS]>, UnsafeCell<usize>);
-// SAFETY: read and written only with the GIL held (never on free-threaded
-// builds).
-unsafe impl Sync for Table {}
-static TABLE: Table = Table(
-    UnsafeCell::new([None, None, None, None]),
-    UnsafeCell::new(0),
-);
-
-const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
-
-static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static REPLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TABLE: Table<Plan> = Table::new();
 
 /// `(state_dict walks recorded, replayed)` since import.
 pub fn stats() -> (usize, usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (RECORDED.load(Relaxed), REPLAYED.load(Relaxed))
-}
-
-fn slots() -> &'static mut [Option<Arc<Plan>>; SLOTS] {
-    // SAFETY: GIL held by every caller; no reference outlives a call.
-    unsafe { &mut *TABLE.0.get() }
+    TABLE.stats()
 }
 
 /// Forget every plan (their key strings are released).
 pub fn clear() {
-    for s in slots().iter_mut() {
-        let old = s.take();
-        drop(old);
-    }
+    TABLE.clear();
 }
 
 fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
@@ -140,14 +106,8 @@ pub fn replay<'py>(
     prefix: &Bound<'py, PyAny>,
     keep: bool,
 ) -> Option<PyResult<Bound<'py, PyAny>>> {
-    if !ENABLED {
-        return None;
-    }
     let r = root.as_ptr();
-    let i = slots().iter().position(|p| {
-        p.as_ref()
-            .is_some_and(|p| p.root == r && same_str(prefix, &p.prefix))
-    })?;
+    let (i, plan) = TABLE.find(|p| p.root == r && same_str(prefix, &p.prefix))?;
     let detach = pyo3::intern!(py, "detach");
     if !keep {
         match crate::runtime::get().and_then(|rt| rt.modes_active(py)) {
@@ -156,34 +116,27 @@ pub fn replay<'py>(
             Err(e) => return Some(Err(e)),
         }
     }
-    let ok = {
-        let plan = slots()[i].as_ref()?;
-        // SAFETY: see the module docs (checked in visit order).
-        unsafe {
-            room_for(plan.max_depth)
-                && plan.visits.iter().all(|v| {
-                    holds(&v.seen, v.module)
-                        && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-                        && v.hooks
+    // SAFETY: see the module docs (checked in visit order).
+    let ok = unsafe {
+        room_for(plan.max_depth)
+            && plan.visits.iter().all(|v| {
+                v.module.holds()
+                    && hooks_empty(g, &v.hooks)
+                    && (keep
+                        || plan.entries[v.entries.0 as usize..v.entries.1 as usize]
                             .iter()
-                            .all(|&h| hook_dict_len(h, g.odict) == Some(0))
-                        && (keep
-                            || plan.entries[v.entries.0 as usize..v.entries.1 as usize]
-                                .iter()
-                                .all(|e| plain_detach(g, e.tensor, detach.as_ptr())))
-                })
-        }
+                            .all(|e| plain_detach(g, e.tensor, detach.as_ptr())))
+            })
     };
     if !ok {
-        slots()[i] = None;
+        TABLE.forget(i);
         return None;
     }
-    REPLAYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    TABLE.note_replay();
     // Our own references, taken before anything can run: `detach` releases
     // the GIL, and another thread may then change the tree (its changes come
     // after this call's reads, as one of the orders torch's walk allows) or
-    // drop this plan.
-    let plan = Arc::clone(slots()[i].as_ref()?);
+    // drop this plan (`plan` is our own reference).
     let mut held: Vec<Bound<'py, PyAny>> = Vec::with_capacity(plan.entries.len() * 2);
     // SAFETY: every pointer is held by an object the checks above found
     // unchanged, and nothing ran since.
@@ -247,11 +200,11 @@ unsafe fn build<'py>(
 /// After a live `root.state_dict(prefix=prefix)` with no destination
 /// completed: record the walk it would take now, if a plan can describe it.
 pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
-    if !ENABLED || unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0 {
-        return;
-    }
     let key = (root.as_ptr(), Walk::StateDict);
-    if refused(key) {
+    if !crate::plan_parts::ENABLED
+        || unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
+        || refused(key)
+    {
         return;
     }
     let mut plan = Plan {
@@ -264,49 +217,12 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
-    let holding = ok
-        && plan.visits.iter().all(|v| unsafe {
-            holds(&v.seen, v.module) && v.regs.iter().all(|&(d, ver)| dict_version(d) == ver)
-        });
-    if !holding {
+    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
     }
-    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let slots = slots();
-    let i = match slots.iter().position(|p| {
-        p.as_ref()
-            .is_some_and(|p| p.root == plan.root && same_str(prefix, &p.prefix))
-    }) {
-        Some(i) => i,
-        None => {
-            // SAFETY: GIL held.
-            let next = unsafe { &mut *TABLE.1.get() };
-            let i = *next;
-            *next = (i + 1) % SLOTS;
-            i
-        }
-    };
-    let old = slots[i].replace(Arc::new(plan));
-    drop(old);
-}
-
-/// `a + b` for exact strs.
-unsafe fn concat<'py>(a: &Bound<'py, PyAny>, b: *mut ffi::PyObject) -> Option<Bound<'py, PyAny>> {
-    Bound::from_owned_ptr_or_opt(a.py(), ffi::PyUnicode_Concat(a.as_ptr(), b))
-}
-
-/// An attribute torch reads with `self.<name>`, when a plain dict entry
-/// (the class has no attribute of that name).
-unsafe fn dict_entry(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    if !type_lookup(tp, name).is_null() {
-        return std::ptr::null_mut();
-    }
-    ffi::PyDict_GetItemWithError(dict, name)
+    let root = plan.root;
+    TABLE.store(|p| p.root == root && same_str(prefix, &p.prefix), plan);
 }
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's
@@ -331,31 +247,21 @@ unsafe fn visit(
     {
         return false;
     }
-    let Some(seen) = seen_now(m) else {
+    let Some(checked) = Checked::read(g, m) else {
         return false;
     };
-    let n = &g.names;
-    let mut regs = [(std::ptr::null_mut(), 0); 3];
-    for (slot, name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
-        let r = dict_entry(tp, seen.dict, name);
-        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
-            return false;
-        }
-        *slot = (r, dict_version(r));
-    }
-    let mut hooks = [std::ptr::null_mut(); 2];
     let hook_names = [
-        pyo3::intern!(py, "_state_dict_pre_hooks"),
-        pyo3::intern!(py, "_state_dict_hooks"),
+        pyo3::intern!(py, "_state_dict_pre_hooks").as_ptr(),
+        pyo3::intern!(py, "_state_dict_hooks").as_ptr(),
     ];
-    for (slot, name) in hooks.iter_mut().zip(hook_names) {
-        let h = dict_entry(tp, seen.dict, name.as_ptr());
-        if h.is_null() || hook_dict_len(h, g.odict) != Some(0) {
-            return false;
-        }
-        *slot = h;
-    }
-    let version = match plain_attr(tp, seen.dict, pyo3::intern!(py, "_version").as_ptr()) {
+    let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
+        return false;
+    };
+    let version = match plain_attr(
+        tp,
+        checked.seen.dict,
+        pyo3::intern!(py, "_version").as_ptr(),
+    ) {
         Plain::Found(v) => v,
         _ => return false,
     };
@@ -368,7 +274,7 @@ unsafe fn visit(
     };
     let start = plan.entries.len() as u32;
     let mut non_persistent: *mut ffi::PyObject = std::ptr::null_mut();
-    for (reg, is_buffer) in [(regs[0].0, false), (regs[1].0, true)] {
+    for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
             if ffi::PyUnicode_CheckExact(name) == 0 {
@@ -378,7 +284,7 @@ unsafe fn visit(
                 continue;
             }
             if is_buffer && non_persistent.is_null() {
-                non_persistent = dict_entry(tp, seen.dict, n.non_persistent);
+                non_persistent = dict_entry(tp, checked.seen.dict, g.names.non_persistent);
                 if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
                     return false;
                 }
@@ -399,9 +305,7 @@ unsafe fn visit(
     }
     plan.max_depth = plan.max_depth.max(depth);
     plan.visits.push(Visit {
-        module: m,
-        seen,
-        regs,
+        module: checked,
         hooks,
         non_persistent,
         version,
@@ -409,7 +313,7 @@ unsafe fn visit(
         entries: (start, plan.entries.len() as u32),
     });
     let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(regs[2].0, &mut pos, &mut name, &mut value) != 0 {
+    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
         if ffi::PyUnicode_CheckExact(name) == 0 {
             return false;
         }

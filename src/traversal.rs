@@ -1743,7 +1743,7 @@ fn train_root<'py>(
         }
     }
     let out = train_body(py, g, module, mode)?;
-    crate::eager_plans::record(g, crate::eager_plans::Walk::Train, module, Some(mode));
+    crate::eager_plans::record(g, crate::plan_parts::Walk::Train, module, Some(mode));
     Ok(out)
 }
 
