@@ -46,7 +46,7 @@ struct Visit {
     tensors: (u32, u32, u32),
 }
 
-struct Plan {
+pub(crate) struct Plan {
     root: *mut ffi::PyObject,
     walk: Walk,
     visits: Vec<Visit>,
@@ -57,18 +57,7 @@ struct Plan {
     mode: *mut ffi::PyObject,
 }
 
-static TABLE: Table<Plan> = Table::new();
-
-/// `(eager walks recorded, eager walks replayed)` since import.
-pub fn stats() -> (usize, usize) {
-    TABLE.stats()
-}
-
-/// Forget every plan (and every refusal).
-pub fn clear() {
-    TABLE.clear();
-    crate::plan_parts::clear_refusals();
-}
+pub(crate) static TABLE: Table<Plan> = Table::new();
 
 /// The slot and plan of `root`'s `walk`, if every visit still holds (a stale
 /// plan is dropped).

@@ -87,9 +87,10 @@ fn walk<'py>(
 #[pyfunction]
 fn clear_plans() {
     plans::clear();
-    eager_plans::clear();
-    state_dict_plan::clear();
-    load_plan::clear();
+    eager_plans::TABLE.clear();
+    state_dict_plan::TABLE.clear();
+    load_plan::TABLE.clear();
+    plan_parts::clear_refusals();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
@@ -101,19 +102,19 @@ fn plan_stats() -> (usize, usize) {
 /// `(train/eval and no-op `_apply` walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn eager_plan_stats() -> (usize, usize) {
-    eager_plans::stats()
+    eager_plans::TABLE.stats()
 }
 
 /// `(state_dict walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn state_dict_plan_stats() -> (usize, usize) {
-    state_dict_plan::stats()
+    state_dict_plan::TABLE.stats()
 }
 
 /// `(load_state_dict walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn load_plan_stats() -> (usize, usize) {
-    load_plan::stats()
+    load_plan::TABLE.stats()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).

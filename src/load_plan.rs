@@ -17,19 +17,18 @@
 //! the instance dict); every buffer's persistence; that the given dict has
 //! only exact str keys, exactly as many as the expected keys, and all of
 //! them (so no key is missing or unexpected anywhere); and each pair's
-//! types, shapes and `is_meta`, as the live path does. Any difference hands
-//! the call to the live walk, which then records afresh. Then it copies each
-//! pair in torch's order under `no_grad`, reporting a failed copy as torch
-//! does and going on. The cyclic GC is paused during the checks (so no
-//! finalizer runs between them), and the replay holds its own references
-//! while `copy_` releases the GIL.
+//! types, shapes and `is_meta` (`crate::state_dict::plain_copy`, the live
+//! path's test). Any difference hands the call to the live walk, which then
+//! records afresh. Then the caller copies each pair in torch's order, as the
+//! live path does (`crate::state_dict`'s `copy_all`). The cyclic GC is paused
+//! during the checks (so no finalizer runs between them), and the pairs are
+//! the replay's own references while `copy_` releases the GIL.
 use crate::ffi_ext::type_lookup;
-use crate::lookup::{data_attr, truthy};
 use crate::plan_parts::{
     concat, empty_hooks, hooks_empty, refuse, refused, room_for, Checked, Table, Walk,
 };
 use crate::state::Globals;
-use pyo3::exceptions::PyException;
+use crate::state_dict::{plain_copy, CopyPair};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
@@ -54,24 +53,14 @@ struct Entry {
     persistent: bool,
 }
 
-struct Plan {
+pub(crate) struct Plan {
     root: *mut ffi::PyObject,
     visits: Vec<Visit>,
     entries: Vec<Entry>,
     max_depth: u32,
 }
 
-static TABLE: Table<Plan> = Table::new();
-
-/// `(load_state_dict walks recorded, replayed)` since import.
-pub fn stats() -> (usize, usize) {
-    TABLE.stats()
-}
-
-/// Forget every plan.
-pub fn clear() {
-    TABLE.clear();
-}
+pub(crate) static TABLE: Table<Plan> = Table::new();
 
 /// torch's own `_load_from_state_dict` and `set_extra_state`.
 pub struct Originals {
@@ -79,26 +68,19 @@ pub struct Originals {
     pub set_extra_state: *mut ffi::PyObject,
 }
 
-/// What a replay reports into: torch's `error_msgs` list and its message for
-/// a failed copy, `copy_error(key, param, input, exc)`.
-pub struct Report<'a, 'py> {
-    pub errors: &'a Bound<'py, PyAny>,
-    pub copy_error: &'a Bound<'py, PyAny>,
-}
-
-/// `load(root, state_dict)` from `root`'s plan: Some(result) when the plan
-/// held and the given dict matches it exactly (the load is done), None when
-/// the caller must walk live (nothing was done). `state_dict` is the exact
-/// `OrderedDict` torch's `load_state_dict` copied; the caller checked that
-/// nothing is assigned, the metadata is None or a plain dict, torch's
-/// `swap_tensors` flag is off and no mode is active.
+/// The copies of `load(root, state_dict)`, in torch's order, from `root`'s
+/// plan: Some when the plan held and the given dict matches it exactly (no
+/// key missing or unexpected, every pair torch's common case), None when the
+/// caller must walk live (nothing was done). `state_dict` is a dict or
+/// `OrderedDict`; the caller checked that nothing is assigned, the metadata
+/// is None or a plain dict, torch's `swap_tensors` flag is off and no mode is
+/// active, and makes the copies (`crate::state_dict::load_replay`).
 pub fn replay<'py>(
     py: Python<'py>,
     g: &Globals,
     root: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
-    report: Report<'_, 'py>,
-) -> Option<PyResult<()>> {
+) -> Option<PyResult<Vec<CopyPair<'py>>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
     // SAFETY: GIL held; restored on every path.
@@ -117,35 +99,12 @@ pub fn replay<'py>(
         Check::Error(e) => return Some(Err(e)),
     };
     TABLE.note_replay();
-    if pairs.is_empty() {
-        return Some(Ok(()));
-    }
-    let copy = pyo3::intern!(py, "copy_");
-    let append = pyo3::intern!(py, "append");
-    let rt = match crate::runtime::get() {
-        Ok(rt) => rt,
-        Err(e) => return Some(Err(e)),
-    };
-    Some(rt.no_grad(py, || {
-        for (key, param, input) in &pairs {
-            if let Err(e) = param.call_method1(copy, (input,)) {
-                if !e.is_instance_of::<PyException>(py) {
-                    return Err(e);
-                }
-                // torch reports it in error_msgs and goes on.
-                let msg = report.copy_error.call1((key, param, input, e.value(py)))?;
-                report.errors.call_method1(append, (msg,))?;
-            }
-        }
-        Ok(())
-    }))
+    Some(Ok(pairs))
 }
-
-type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 enum Check<'py> {
     /// Everything matches: the (key, param, input) copies, in torch's order.
-    Pairs(Vec<Pair<'py>>),
+    Pairs(Vec<CopyPair<'py>>),
     /// The tree changed: drop the plan.
     Stale,
     /// The tree holds, but this call is not the plain case.
@@ -197,12 +156,6 @@ unsafe fn check<'py>(
     if ffi::PyDict_Size(sd) != expected {
         return Check::Differs;
     }
-    let is_tensor = |t: *mut ffi::PyObject| {
-        let tp = ffi::Py_TYPE(t);
-        tp == g.tensor || tp == g.parameter
-    };
-    let shape = pyo3::intern!(py, "shape");
-    let is_meta = pyo3::intern!(py, "is_meta");
     let mut pairs = Vec::with_capacity(expected as usize);
     for e in &plan.entries {
         if !e.buffer.is_null() && !e.persistent {
@@ -216,15 +169,10 @@ unsafe fn check<'py>(
             }
             return Check::Differs;
         }
-        if !is_tensor(e.tensor) || !is_tensor(input) {
-            return Check::Differs;
-        }
         let param = Bound::from_borrowed_ptr(py, e.tensor);
         let input = Bound::from_borrowed_ptr(py, input);
-        let same = (|| -> PyResult<bool> {
-            Ok(data_attr(&param, shape)?.eq(data_attr(&input, shape)?)?
-                && !truthy(data_attr(&param, is_meta))?)
-        })();
+        // The live path's own test, so that the two take the same pairs.
+        let same = plain_copy(g, &param, &input);
         match same {
             Ok(true) => pairs.push((e.key.bind(py).clone(), param, input)),
             Ok(false) => return Check::Differs,

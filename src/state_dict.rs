@@ -92,9 +92,7 @@ pub fn load_tree<'py>(
     post_hook_text: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
     let g = crate::state::require(py)?;
-    let cfg = CONFIG
-        .get()
-        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))?;
+    let cfg = config()?;
     let ctx = Ctx {
         g,
         cfg,
@@ -155,24 +153,76 @@ pub fn load_replay<'py>(
     errors: &Bound<'py, PyAny>,
 ) -> PyResult<bool> {
     let g = crate::state::require(py)?;
-    let cfg = CONFIG
-        .get()
-        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))?;
+    let cfg = config()?;
     if !plain_load(py, g, state_dict, metadata, assign.is_truthy()?)? {
         return Ok(false);
     }
-    let report = crate::load_plan::Report {
-        errors,
-        copy_error: cfg.copy_error.bind(py),
-    };
-    match crate::load_plan::replay(py, g, module, state_dict, report) {
-        Some(r) => r.map(|()| true),
+    match crate::load_plan::replay(py, g, module, state_dict) {
+        Some(copies) => copy_all(py, cfg, errors, &copies?).map(|()| true),
         None => Ok(false),
     }
 }
 
+fn config() -> PyResult<&'static Config> {
+    CONFIG
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))
+}
+
+/// One copy of torch's `_load_from_state_dict`: (key, param, input).
+pub(crate) type CopyPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// Does the native path take `param.copy_(input)` as torch's common case:
+/// both exact tensors, equal shapes, `param` not on the meta device (else
+/// torch's own code runs, with its checks and messages)?
+pub(crate) fn plain_copy(
+    g: &Globals,
+    param: &Bound<'_, PyAny>,
+    input: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    let py = param.py();
+    let is_tensor = |t: &Bound<'_, PyAny>| unsafe {
+        let tp = ffi::Py_TYPE(t.as_ptr());
+        tp == g.tensor || tp == g.parameter
+    };
+    let shape = intern!(py, "shape");
+    Ok(is_tensor(param)
+        && is_tensor(input)
+        && data_attr(param, shape)?.eq(data_attr(input, shape)?)?
+        && !truthy(data_attr(param, intern!(py, "is_meta")))?)
+}
+
+/// torch's copies under `no_grad`, in order; a failed one is reported in
+/// `error_msgs` as torch reports it, and the rest still run.
+fn copy_all<'py>(
+    py: Python<'py>,
+    cfg: &Config,
+    errors: &Bound<'py, PyAny>,
+    copies: &[CopyPair<'py>],
+) -> PyResult<()> {
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let copy = intern!(py, "copy_");
+    crate::runtime::get()?.no_grad(py, || {
+        for (key, param, input) in copies {
+            if let Err(e) = param.call_method1(copy, (input,)) {
+                if !e.is_instance_of::<PyException>(py) {
+                    return Err(e);
+                }
+                let msg = cfg
+                    .copy_error
+                    .bind(py)
+                    .call1((key, param, input, e.value(py)))?;
+                errors.call_method1(intern!(py, "append"), (msg,))?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// `prefix[:-1]`, with the very slice object Python builds for it.
-fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = prefix.py();
     unsafe {
         let stop = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLong(-1))?;
@@ -571,8 +621,7 @@ fn native_load_from_state_dict<'py>(
         let tp = ffi::Py_TYPE(t.as_ptr());
         tp == g.tensor || tp == g.parameter
     };
-    let shape = intern!(py, "shape");
-    let mut copies: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> = Vec::new();
+    let mut copies: Vec<CopyPair<'py>> = Vec::new();
     let mut missing: Vec<Bound<'py, PyAny>> = Vec::new();
     for (name, param) in local_state.iter() {
         if !exact_str(&name) || !is_tensor(&param) {
@@ -581,10 +630,7 @@ fn native_load_from_state_dict<'py>(
         let key = names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
         match local.get_item(&key) {
             Ok(input) => {
-                if !is_tensor(&input)
-                    || !data_attr(&param, shape)?.eq(data_attr(&input, shape)?)?
-                    || truthy(data_attr(&param, intern!(py, "is_meta")))?
-                {
+                if !plain_copy(g, &param, &input)? {
                     return Ok(false);
                 }
                 copies.push((key, param, input));
@@ -676,26 +722,7 @@ fn native_load_from_state_dict<'py>(
         }
     }
     // From here on this is torch's code path: copy under no_grad.
-    if !copies.is_empty() {
-        let copy = intern!(py, "copy_");
-        crate::runtime::get()?.no_grad(py, || {
-            for (key, param, input) in &copies {
-                if let Err(e) = param.call_method1(copy, (input,)) {
-                    if !e.is_instance_of::<PyException>(py) {
-                        return Err(e);
-                    }
-                    // torch reports it in error_msgs and goes on.
-                    let msg =
-                        ctx.cfg
-                            .copy_error
-                            .bind(py)
-                            .call1((key, param, input, e.value(py)))?;
-                    ctx.errors.call_method1(intern!(py, "append"), (msg,))?;
-                }
-            }
-            Ok(())
-        })?;
-    }
+    copy_all(py, ctx.cfg, &ctx.errors, &copies)?;
     let append = intern!(py, "append");
     for key in missing {
         ctx.missing.call_method1(append, (key,))?;

@@ -56,7 +56,7 @@ struct Entry {
     buffer: *mut ffi::PyObject,
 }
 
-struct Plan {
+pub(crate) struct Plan {
     root: *mut ffi::PyObject,
     prefix: Py<PyAny>,
     visits: Vec<Visit>,
@@ -64,17 +64,7 @@ struct Plan {
     max_depth: u32,
 }
 
-static TABLE: Table<Plan> = Table::new();
-
-/// `(state_dict walks recorded, replayed)` since import.
-pub fn stats() -> (usize, usize) {
-    TABLE.stats()
-}
-
-/// Forget every plan (their key strings are released).
-pub fn clear() {
-    TABLE.clear();
-}
+pub(crate) static TABLE: Table<Plan> = Table::new();
 
 fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
     // Both exact str: the comparison runs no code and cannot fail.
@@ -265,8 +255,8 @@ unsafe fn visit(
         Plain::Found(v) => v,
         _ => return false,
     };
-    let Some(metadata_key) = prefix
-        .get_item(pyo3::types::PySlice::new(py, 0, -1, 1))
+    // torch's `prefix[:-1]`.
+    let Some(metadata_key) = crate::state_dict::but_last(prefix)
         .ok()
         .filter(|k| ffi::PyUnicode_CheckExact(k.as_ptr()) != 0)
     else {
