@@ -9,6 +9,7 @@
 //! - `hooks`: the module-level hook dicts,
 //! - `tracing`: the jit-tracing probe,
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
+//! - `zero_grad`: reading the grads from a recorded parameters walk first,
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
 //! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
 //! - `containers`: ModuleList/Sequential/ModuleDict iteration and len,
@@ -45,6 +46,7 @@ mod state_dict;
 mod state_dict_plan;
 mod tracing;
 mod traversal;
+mod zero_grad;
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;

@@ -270,6 +270,65 @@ pub fn forget(plan: &Arc<Plan>) {
     }
 }
 
+/// The members a replay of `plan` (a values-only `_named_members` walk from
+/// `root`) would yield, in order, for a walk during which nothing else runs:
+/// every check the replay would make between its steps is made here once,
+/// which decides the same while nothing can change the tree in between.
+/// `each` gets each member (borrowed, held by its unchanged registry) and
+/// returns false to stop. False when a check failed or `each` stopped; the
+/// caller then walks as usual.
+///
+/// # Safety
+/// GIL held; `each` must run no Python code.
+pub unsafe fn scan_members(
+    plan: &Plan,
+    root: *mut ffi::PyObject,
+    mut each: impl FnMut(*mut ffi::PyObject) -> bool,
+) -> bool {
+    use crate::items::identity_hashed;
+    if !plan.key.values || plan.key.registry == 0 {
+        return false;
+    }
+    if !root_holds(plan, root) || !identity_hashed(root) {
+        return false;
+    }
+    let limit = ffi::Py_GetRecursionLimit() as i64;
+    for n in &plan.nodes {
+        // The replay's checks of an entry taken from a parent's `_modules`.
+        if n.kind == NodeKind::Empty {
+            continue;
+        }
+        if n.kind != NodeKind::Root
+            && (!holds(&n.seen, n.module) || n.depth as i64 >= limit || !identity_hashed(n.module))
+        {
+            return false;
+        }
+        if n.kind == NodeKind::Dup {
+            continue;
+        }
+        // Its `_modules` and member registry, as the walk resumes at it.
+        if n.mods.dict.is_null()
+            || !n.mods.unchanged()
+            || n.reg.dict.is_null()
+            || !n.reg.unchanged()
+        {
+            return false;
+        }
+        for it in &plan.items[n.items.0 as usize..n.items.1 as usize] {
+            if it.kind == ItemKind::Empty {
+                continue;
+            }
+            if !identity_hashed(it.value) {
+                return false;
+            }
+            if it.kind == ItemKind::Live && !each(it.value) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// Does the plan's root still hold for `root` (class, instance dict and its
 /// registries unchanged)? The common way a tree changes (`train()`, a new
 /// attribute on the root) shows here, before a replay starts.

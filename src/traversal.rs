@@ -1497,11 +1497,14 @@ pub(crate) fn for_each_child<'py>(
 }
 
 /// `for p in self.parameters(): f(p)`, natively when the whole dispatch chain
-/// (`parameters` → `named_parameters` → `_named_members`) is torch's.
+/// (`parameters` → `named_parameters` → `_named_members`) is torch's. The
+/// first `skip` parameters a replay yields are not passed to `f`: the caller
+/// knows `f` would do nothing for them (`crate::zero_grad`).
 fn for_each_parameter<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
+    mut skip: usize,
     mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<()>,
 ) -> PyResult<()> {
     if is_native(g, module, Method::Parameters)
@@ -1512,6 +1515,12 @@ fn for_each_parameter<'py>(
         let t = PyBool::new(py, true).to_owned().into_any();
         let mut nm = NamedMembers::new(py, module, "_parameters", prefix.as_any(), true, &t, true)?;
         while let Some(p) = nm.step(py)? {
+            // Still replaying: nothing ran since the caller's pass.
+            if skip > 0 && nm.replay.is_some() {
+                skip -= 1;
+                continue;
+            }
+            skip = 0;
             f(&p)?;
         }
         return Ok(());
@@ -1832,7 +1841,7 @@ pub fn call_root<'py>(
         }
         Method::RequiresGrad => {
             let flag = arg(0)?;
-            for_each_parameter(py, g, module, |p| {
+            for_each_parameter(py, g, module, 0, |p| {
                 p.call_method1(intern!(py, "requires_grad_"), (&flag,))?;
                 Ok(())
             })?;
@@ -1843,7 +1852,11 @@ pub fn call_root<'py>(
             // that its stacklevel points at the caller as in torch.
             let set_to_none = arg(0)?;
             let grad = intern!(py, "grad");
-            for_each_parameter(py, g, module, |p| {
+            let skip = match crate::zero_grad::scan(py, g, module, grad) {
+                crate::zero_grad::NoGrads::All => return Ok(py.None().into_bound(py)),
+                crate::zero_grad::NoGrads::Leading(n) => n,
+            };
+            for_each_parameter(py, g, module, skip, |p| {
                 if crate::lookup::data_attr(p, grad)?.is_none() {
                     return Ok(());
                 }
