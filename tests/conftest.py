@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,19 @@ def state(m: torch.nn.Module) -> dict[str, Any]:
         "non_persistent": set(d["_non_persistent_buffers_set"]),
         "plain": {k: id(v) for k, v in plain.items()},
     }
+
+
+def assert_gc_state_kept(call: Callable[[], Any]) -> None:
+    """``call()`` leaves the cyclic GC enabled or disabled as it found it (replays
+    pause it)."""
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            call()
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 class LogFunctions(TorchFunctionMode):

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import fastmodule
+from tests.conftest import LogFunctions, assert_gc_state_kept
 from tests.test_parity_state_dict import Base, Index, assert_same, classes, summary
 
 
@@ -238,42 +238,23 @@ def test_second_state_dict_replays() -> None:
 def test_modes_see_every_detach() -> None:
     """Under a TorchFunctionMode, the mode sees stock's sequence of calls."""
 
-    class Log(TorchFunctionMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[str] = []
-
-        def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            self.calls.append(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
-
     def sc(b: Base) -> Any:
         root = plannable(b)
         root.state_dict()
         root.state_dict()
-        with Log() as log:
+        log: list[Any] = []
+        with LogFunctions(log):
             sd = root.state_dict()
-        return log.calls, list(sd)
+        return log, list(sd)
 
     assert_same(sc)
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_gc_state_is_kept(enabled: bool) -> None:
+def test_gc_state_is_kept() -> None:
     """The replay pauses the cyclic GC and leaves it as it found it."""
     root = plannable(fastmodule.Module)
     root.state_dict()
-    was = gc.isenabled()
-    try:
-        if not enabled:
-            gc.disable()
-        root.state_dict()
-        assert gc.isenabled() is enabled
-    finally:
-        if was:
-            gc.enable()
+    assert_gc_state_kept(root.state_dict)
 
 
 def test_recorded_tree_stays_collectable() -> None:

@@ -11,7 +11,6 @@ grad_fn) and what the calls returned or raised.
 
 from __future__ import annotations
 
-import gc
 import sys
 import weakref
 from typing import Any
@@ -19,10 +18,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import fastmodule
-from tests.conftest import outcome
+from tests.conftest import LogFunctions, assert_gc_state_kept, outcome
 from tests.test_parity_traversal import (
     REPLAY_MUTATIONS,
     Base,
@@ -121,24 +119,14 @@ def test_parameter_subclass_grad_property() -> None:
 def test_mode_sees_every_grad_read() -> None:
     """Under a TorchFunctionMode, the mode sees stock's sequence of calls."""
 
-    class Log(TorchFunctionMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[str] = []
-
-        def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            self.calls.append(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
-
     def sc(b: Base) -> Any:
         root = sample_tree(b)
         root.zero_grad()
         root.zero_grad()
-        with Log() as log:
+        log: list[Any] = []
+        with LogFunctions(log):
             root.zero_grad()
-        return log.calls
+        return log
 
     stock = sc(nn.Module)
     assert stock  # the mode saw the reads
@@ -172,20 +160,11 @@ def test_finalizer_gives_a_grad_while_clearing() -> None:
     assert_same(sc)
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_gc_state_is_kept(enabled: bool) -> None:
+def test_gc_state_is_kept() -> None:
     """The pass pauses the cyclic GC and leaves it as it found it."""
     root = sample_tree(fastmodule.Module)
     root.zero_grad()
-    was = gc.isenabled()
-    try:
-        if not enabled:
-            gc.disable()
-        root.zero_grad()
-        assert gc.isenabled() is enabled
-    finally:
-        if was:
-            gc.enable()
+    assert_gc_state_kept(root.zero_grad)
 
 
 def test_recursion_limit_lowered_after_recording() -> None:
