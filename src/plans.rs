@@ -270,6 +270,38 @@ pub fn forget(plan: &Arc<Plan>) {
     }
 }
 
+/// Ask the CPU to start loading the cache line at `p`: a hint, which never
+/// faults, so `p` may be stale or null.
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault.
+    #[allow(unused_unsafe)]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// How far ahead a scan prefetches (nodes, and members).
+const AHEAD: usize = 4;
+
+/// Start loading what the checks of `node` read: the module's header and
+/// managed-dict slots, its instance dict and its registry dicts. Each is a
+/// chain of dependent loads otherwise, missed one after the other on a tree
+/// larger than the cache.
+#[inline(always)]
+fn prefetch_node(node: &Node) {
+    let m = node.module as *const u8;
+    prefetch(m);
+    prefetch(m.wrapping_sub(32));
+    prefetch(node.seen.dict);
+    prefetch(node.mods.dict);
+    prefetch(node.reg.dict);
+}
+
 /// The members a replay of `plan` (a values-only `_named_members` walk from
 /// `root`) would yield, in order, for a walk during which nothing else runs:
 /// every check the replay would make between its steps is made here once,
@@ -293,7 +325,10 @@ pub unsafe fn scan_members(
         return false;
     }
     let limit = ffi::Py_GetRecursionLimit() as i64;
-    for n in &plan.nodes {
+    for (i, n) in plan.nodes.iter().enumerate() {
+        if let Some(ahead) = plan.nodes.get(i + AHEAD) {
+            prefetch_node(ahead);
+        }
         // The replay's checks of an entry taken from a parent's `_modules`.
         if n.kind == NodeKind::Empty {
             continue;
@@ -314,7 +349,11 @@ pub unsafe fn scan_members(
         {
             return false;
         }
-        for it in &plan.items[n.items.0 as usize..n.items.1 as usize] {
+        for k in n.items.0 as usize..n.items.1 as usize {
+            let it = &plan.items[k];
+            if let Some(ahead) = plan.items.get(k + AHEAD) {
+                prefetch(ahead.value);
+            }
             if it.kind == ItemKind::Empty {
                 continue;
             }
