@@ -77,3 +77,17 @@ def test_cuda_unavailable_is_an_error() -> None:
     proc = _bench("--quick", "--device", "cuda", timeout=60)
     assert proc.returncode != 0
     assert "cuda" in proc.stderr.lower()
+
+
+def test_callable_runs_every_line_of_a_statement() -> None:
+    """pytest-benchmark's callable runs a multi-line statement whole, as timeit does."""
+    import timeit
+
+    from fastmodule.bench import Variant
+
+    stmt = "log.append(1)\nfor i in (2, 3): log.append(i)\nlog.append(4)"
+    log: list[int] = []
+    Variant(stmt, {"log": log}).as_callable()()
+    timed: list[int] = []
+    timeit.Timer(stmt, globals={"log": timed}).timeit(1)
+    assert log == timed == [1, 2, 3, 4]

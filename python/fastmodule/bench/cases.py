@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +66,8 @@ class Variant:
     def as_callable(self) -> Callable[[], None]:
         """Compile ``stmt`` into a zero-argument function (for pytest-benchmark)."""
         ns = dict(self.namespace)
-        exec(compile(f"def _op():\n    {self.stmt}\n", "<bench>", "exec"), ns)
+        body = textwrap.indent(self.stmt, "    ")  # every line, as timeit's template does
+        exec(compile(f"def _op():\n{body}\n", "<bench>", "exec"), ns)
         return ns["_op"]
 
 
@@ -234,18 +236,24 @@ def _pair_builder(
     make: Callable[[], tuple[nn.Module, nn.Module]],
     stmt: str,
     lower: Callable[[nn.Module], Variant],
+    extra: Callable[[nn.Module], dict[str, Any]] | None = None,
 ) -> Callable[[torch.device], dict[str, Variant]]:
     """``stmt`` on a stock tree and on the same tree with fastmodule classes
-    (``make()`` builds both; the fast one gets the stock one's values)."""
+    (``make()`` builds both; the fast one gets the stock one's values).
+    ``extra(tree)``: more globals for ``stmt``, built from each side's own tree."""
 
     def build(device: torch.device) -> dict[str, Variant]:
         torch.manual_seed(0)
         stock, fast = make()
         sd = stock.state_dict()
         fast.load_state_dict(sd)
+
+        def namespace(m: nn.Module) -> dict[str, Any]:
+            return {"m": m, "sd": sd, **(extra(m) if extra else {})}
+
         return _three(
-            Variant(stmt, {"m": stock, "sd": sd}),
-            Variant(stmt, {"m": fast, "sd": sd}),
+            Variant(stmt, namespace(stock)),
+            Variant(stmt, namespace(fast)),
             lower(stock),
         )
 
@@ -253,13 +261,27 @@ def _pair_builder(
 
 
 def _tree_builder(
-    stmt: str, lower: Callable[[nn.Module], Variant], blocks: int = 2000
+    stmt: str,
+    lower: Callable[[nn.Module], Variant],
+    blocks: int = 2000,
+    extra: Callable[[nn.Module], dict[str, Any]] | None = None,
 ) -> Callable[[torch.device], dict[str, Variant]]:
     """A whole-tree operation on the design notes' wide tree.
 
     2000 blocks of Linear(4,4) + LayerNorm(4) + a buffer: 6001 modules, 10000 tensors.
     """
-    return _pair_builder(lambda: (StockTree(scaled(blocks)), FastTree(scaled(blocks))), stmt, lower)
+    return _pair_builder(
+        lambda: (StockTree(scaled(blocks)), FastTree(scaled(blocks))), stmt, lower, extra
+    )
+
+
+def _grads_of(tree: nn.Module) -> dict[str, Any]:
+    """Each parameter of ``tree`` with a zero tensor to give it as its grad."""
+    return {"given": [(p, torch.zeros_like(p)) for p in tree.parameters()]}
+
+
+#: Every parameter gets a grad, as after a backward pass (same work on every side).
+_GIVE_GRADS = "for p, g in given: p.grad = g\n"
 
 
 def _expert_init(self: nn.Module) -> None:
@@ -560,6 +582,17 @@ CASES: tuple[Case, ...] = (
         "tree_zero_grad",
         "m.zero_grad() on the same tree (grads already None)",
         _tree_builder("m.zero_grad()", _loop_lower("for p in flat: p.grad", "parameters")),
+    ),
+    Case(
+        "tree_zero_grad_grads",
+        "grads given to every parameter, then m.zero_grad() (a training step's)",
+        _tree_builder(
+            _GIVE_GRADS + "m.zero_grad()",
+            lambda stock: Variant(
+                _GIVE_GRADS + "for p, g in given: p.grad = None", _grads_of(stock)
+            ),
+            extra=_grads_of,
+        ),
     ),
     Case(
         "tree_float_noop",
