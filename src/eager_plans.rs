@@ -120,12 +120,9 @@ pub fn apply_is_noop(
     let (_, plan) = holding(root.as_ptr(), Walk::Apply)?;
     // A getter may allocate (a grad's Python object): with the cyclic GC
     // paused no finalizer runs, so the borrowed tensors stay alive.
-    // SAFETY: GIL held; restored on every path.
-    let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
+    let gc = crate::plan_parts::GcPause::new();
     let noop = all_left_as_is(py, &plan, &mut unchanged);
-    if gc_was_enabled {
-        unsafe { ffi::PyGC_Enable() };
-    }
+    drop(gc);
     if noop {
         TABLE.note_replay();
         return Some(());

@@ -83,12 +83,9 @@ pub fn replay<'py>(
 ) -> Option<PyResult<Vec<CopyPair<'py>>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
-    // SAFETY: GIL held; restored on every path.
-    let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
+    let gc = crate::plan_parts::GcPause::new();
     let checked = unsafe { check(py, g, &plan, state_dict) };
-    if gc_was_enabled {
-        unsafe { ffi::PyGC_Enable() };
-    }
+    drop(gc);
     let pairs = match checked {
         Check::Pairs(p) => p,
         Check::Stale => {

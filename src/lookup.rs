@@ -169,21 +169,37 @@ pub fn data_attr<'py>(
     use pyo3::types::PyAnyMethods;
     unsafe {
         let tp = ffi::Py_TYPE(obj.as_ptr());
-        // object's own slot, read from its type: both addresses are libpython's.
-        let generic = (*std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)).tp_getattro;
-        if (*tp).tp_getattro.map(|f| f as usize) == generic.map(|f| f as usize) {
-            let descr = type_lookup(tp, name.as_ptr());
-            if !descr.is_null() {
-                let dt = ffi::Py_TYPE(descr);
-                if let (Some(get), Some(_)) = ((*dt).tp_descr_get, (*dt).tp_descr_set) {
-                    // Held across the call, as object.__getattribute__ does.
-                    ffi::Py_INCREF(descr);
-                    let r = get(descr, obj.as_ptr(), tp as *mut ffi::PyObject);
-                    ffi::Py_DECREF(descr);
-                    return pyo3::Bound::from_owned_ptr_or_err(obj.py(), r);
-                }
-            }
+        if let Some((descr, get)) = class_data_descr(tp, name.as_ptr()) {
+            // Held across the call, as object.__getattribute__ does.
+            ffi::Py_INCREF(descr);
+            let r = get(descr, obj.as_ptr(), tp as *mut ffi::PyObject);
+            ffi::Py_DECREF(descr);
+            return pyo3::Bound::from_owned_ptr_or_err(obj.py(), r);
         }
     }
     obj.getattr(name)
+}
+
+/// The data descriptor (borrowed, with its getter) that reading `name` on an
+/// instance of `tp` calls, when `tp` uses `object.__getattribute__` (a data
+/// descriptor of the class then takes precedence over the instance dict);
+/// None otherwise.
+pub unsafe fn class_data_descr(
+    tp: *mut ffi::PyTypeObject,
+    name: *mut ffi::PyObject,
+) -> Option<(*mut ffi::PyObject, ffi::descrgetfunc)> {
+    // object's own slot, read from its type: both addresses are libpython's.
+    let generic = (*std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)).tp_getattro;
+    if (*tp).tp_getattro.map(|f| f as usize) != generic.map(|f| f as usize) {
+        return None;
+    }
+    let descr = type_lookup(tp, name);
+    if descr.is_null() {
+        return None;
+    }
+    let dt = ffi::Py_TYPE(descr);
+    match ((*dt).tp_descr_get, (*dt).tp_descr_set) {
+        (Some(get), Some(_)) => Some((descr, get)),
+        _ => None,
+    }
 }

@@ -144,12 +144,9 @@ pub fn replay<'py>(
             }
         }
     }
-    // SAFETY: GIL held; re-enabled below on every path.
-    let gc_was_enabled = unsafe { ffi::PyGC_Disable() } != 0;
+    let gc = crate::plan_parts::GcPause::new();
     let out = unsafe { build(py, g, &plan, keep) };
-    if gc_was_enabled {
-        unsafe { ffi::PyGC_Enable() };
-    }
+    drop(gc);
     drop(held);
     Some(out)
 }

@@ -11,7 +11,7 @@
 //! exactly as torch's would be; otherwise the walk runs as usual and skips the
 //! leading parameters already read, while it is still replaying the same plan
 //! (nothing has run since the pass, so their grads are still None).
-use crate::ffi_ext::type_lookup;
+use crate::lookup::class_data_descr;
 use crate::plans::{self, PlanKey};
 use crate::state::Globals;
 use crate::traversal::{is_native, Method};
@@ -40,15 +40,10 @@ unsafe fn plain_grad(
     if tp != g.parameter && tp != g.tensor {
         return None;
     }
-    let generic = (*std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)).tp_getattro;
-    if (*tp).tp_getattro.map(|f| f as usize) != generic.map(|f| f as usize) {
+    let (descr, get) = class_data_descr(tp, grad)?;
+    if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type) {
         return None;
     }
-    let descr = type_lookup(tp, grad);
-    if descr.is_null() || ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type) {
-        return None;
-    }
-    let get = (*ffi::Py_TYPE(descr)).tp_descr_get?;
     let r = get(descr, p, tp as *mut ffi::PyObject);
     if r.is_null() {
         ffi::PyErr_Clear();
@@ -93,11 +88,11 @@ pub fn scan(
     }
     let mut none = 0usize;
     let mut stopped = false;
-    // SAFETY: GIL held; the GC is re-enabled below on every path. The closure
-    // runs only torch's C getter (no Python code) and drops what it read.
+    let gc = crate::plan_parts::GcPause::new();
+    // SAFETY: GIL held. The closure runs only torch's C getter (no Python
+    // code) and drops what it read.
     let done = unsafe {
-        let gc_was_enabled = ffi::PyGC_Disable() != 0;
-        let done = plans::scan_members(&plan, root.as_ptr(), |p| {
+        plans::scan_members(&plan, root.as_ptr(), |p| {
             match plain_grad(g, p, grad.as_ptr()) {
                 Some(v) if v == ffi::Py_None() => {
                     ffi::Py_DECREF(v);
@@ -115,12 +110,9 @@ pub fn scan(
                 }
                 None => false,
             }
-        });
-        if gc_was_enabled {
-            ffi::PyGC_Enable();
-        }
-        done
+        })
     };
+    drop(gc);
     if done {
         plans::note_replay();
         return NoGrads::All;
