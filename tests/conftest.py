@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,25 @@ def state(m: torch.nn.Module) -> dict[str, Any]:
         "non_persistent": set(d["_non_persistent_buffers_set"]),
         "plain": {k: id(v) for k, v in plain.items()},
     }
+
+
+def high_then_low_limit(
+    call: Callable[[], Any], then: Callable[[], Any] | None = None
+) -> tuple[Any, Any]:
+    """``call()`` three times under a recursion limit of 20000 (a deep tree's walk
+    records), then ``then()`` (default ``call``) once under 1000: the outcomes, the
+    last without an exception's text (how far a walk got before the limit depends
+    on how many Python frames each level takes, which a native walk does not
+    reproduce)."""
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(20000)
+        first = [outcome(call) for _ in range(3)]
+        sys.setrecursionlimit(1000)
+        second = outcome(then or call)
+    finally:
+        sys.setrecursionlimit(old)
+    return first, second[:2]
 
 
 def assert_gc_state_kept(call: Callable[[], Any]) -> None:

@@ -11,7 +11,6 @@ for (``_apply``). Each scenario runs on stock ``torch.nn.Module`` and on
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 import fastmodule
-from tests.conftest import outcome
+from tests.conftest import high_then_low_limit, outcome
 from tests.test_parity_traversal import (
     REPLAY_MUTATIONS,
     Base,
@@ -180,15 +179,7 @@ def test_recursion_limit_lowered_after_recording() -> None:
         for _ in range(1500):
             cur.c = node()
             cur = cur.c
-        old = sys.getrecursionlimit()
-        try:
-            sys.setrecursionlimit(20000)
-            first = [outcome(lambda: root.train(False) is root) for _ in range(3)]
-            sys.setrecursionlimit(1000)
-            second = outcome(lambda: root.train(True))
-        finally:
-            sys.setrecursionlimit(old)
-        return first, second[:2]
+        return high_then_low_limit(lambda: root.train(False) is root, lambda: root.train(True))
 
     assert_same(sc)
 

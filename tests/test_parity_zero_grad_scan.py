@@ -11,7 +11,6 @@ grad_fn) and what the calls returned or raised.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 import fastmodule
-from tests.conftest import LogFunctions, assert_gc_state_kept, outcome
+from tests.conftest import LogFunctions, assert_gc_state_kept, high_then_low_limit, outcome
 from tests.test_parity_traversal import (
     REPLAY_MUTATIONS,
     Base,
@@ -177,15 +176,7 @@ def test_recursion_limit_lowered_after_recording() -> None:
         for _ in range(1500):
             cur.c = leaf()
             cur = cur.c
-        old = sys.getrecursionlimit()
-        try:
-            sys.setrecursionlimit(20000)
-            first = [outcome(lambda: root.zero_grad()) for _ in range(3)]
-            sys.setrecursionlimit(1000)
-            second = outcome(lambda: root.zero_grad())
-        finally:
-            sys.setrecursionlimit(old)
-        return first, second[:2]
+        return high_then_low_limit(root.zero_grad)
 
     assert_same(sc)
 
