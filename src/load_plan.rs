@@ -25,7 +25,8 @@
 //! the replay's own references while `copy_` releases the GIL.
 use crate::ffi_ext::type_lookup;
 use crate::plan_parts::{
-    concat, empty_hooks, hooks_empty, refuse, refused, room_for, Checked, Table, Walk,
+    concat, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children, Checked, Table,
+    Walk,
 };
 use crate::state::Globals;
 use crate::state_dict::{plain_copy, CopyPair};
@@ -301,21 +302,11 @@ unsafe fn visit(
         non_persistent,
         entries: (start, plan.entries.len() as u32),
     });
-    let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
-        if value == ffi::Py_None() {
-            continue;
-        }
-        if !plain_name(name, extra) {
-            return false;
-        }
-        let Some(child_prefix) = concat(prefix, name).and_then(|p| concat(&p, g.names.dot)) else {
-            return false;
-        };
-        let child = Bound::from_borrowed_ptr(py, value);
-        if !visit(g, orig, &child, &child_prefix, depth + 1, plan) {
-            return false;
-        }
-    }
-    true
+    visit_children(
+        g,
+        &checked,
+        prefix,
+        |name| plain_name(name, extra),
+        |child, child_prefix| visit(g, orig, child, child_prefix, depth + 1, plan),
+    )
 }

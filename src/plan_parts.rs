@@ -308,3 +308,34 @@ pub unsafe fn concat<'py>(
 ) -> Option<pyo3::Bound<'py, pyo3::PyAny>> {
     pyo3::Bound::from_owned_ptr_or_opt(a.py(), ffi::PyUnicode_Concat(a.as_ptr(), b))
 }
+
+/// `checked`'s children in registry order, as torch's recursive `state_dict`
+/// and `load` take them: None entries skipped, each child visited with the
+/// prefix `prefix + name + "."`. False as soon as `name_ok` refuses a name,
+/// a prefix cannot be built, or `visit` returns false.
+pub unsafe fn visit_children<'py>(
+    g: &Globals,
+    checked: &Checked,
+    prefix: &pyo3::Bound<'py, pyo3::PyAny>,
+    name_ok: impl Fn(*mut ffi::PyObject) -> bool,
+    mut visit: impl FnMut(&pyo3::Bound<'py, pyo3::PyAny>, &pyo3::Bound<'py, pyo3::PyAny>) -> bool,
+) -> bool {
+    let py = prefix.py();
+    let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
+        if value == ffi::Py_None() {
+            continue;
+        }
+        if !name_ok(name) {
+            return false;
+        }
+        let Some(child_prefix) = concat(prefix, name).and_then(|p| concat(&p, g.names.dot)) else {
+            return false;
+        };
+        let child = pyo3::Bound::from_borrowed_ptr(py, value);
+        if !visit(&child, &child_prefix) {
+            return false;
+        }
+    }
+    true
+}

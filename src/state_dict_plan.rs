@@ -25,7 +25,8 @@
 use crate::ffi_ext::type_lookup;
 use crate::lookup::{plain_attr, Plain};
 use crate::plan_parts::{
-    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, room_for, Checked, Table, Walk,
+    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children,
+    Checked, Table, Walk,
 };
 use crate::state::Globals;
 use crate::traversal::{is_native, original, Method};
@@ -299,21 +300,11 @@ unsafe fn visit(
         metadata_key: metadata_key.unbind(),
         entries: (start, plan.entries.len() as u32),
     });
-    let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
-        if ffi::PyUnicode_CheckExact(name) == 0 {
-            return false;
-        }
-        if value == ffi::Py_None() {
-            continue;
-        }
-        let Some(child_prefix) = concat(prefix, name).and_then(|p| concat(&p, g.names.dot)) else {
-            return false;
-        };
-        let child = Bound::from_borrowed_ptr(py, value);
-        if !visit(g, &child, &child_prefix, depth + 1, plan) {
-            return false;
-        }
-    }
-    true
+    visit_children(
+        g,
+        &checked,
+        prefix,
+        |name| ffi::PyUnicode_CheckExact(name) != 0,
+        |child, child_prefix| visit(g, child, child_prefix, depth + 1, plan),
+    )
 }
