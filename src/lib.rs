@@ -21,6 +21,7 @@ mod accelerated;
 mod apply;
 mod attr;
 mod call;
+mod cpython;
 mod callcache;
 mod containers;
 mod eager_plans;
@@ -56,6 +57,7 @@ use pyo3::types::PyType;
 /// install the slots on `fast_module` itself.
 #[pyfunction]
 fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
+    cpython::quiet::init(py)?;
     state::init(py, fast_module)?;
     slots::capture_generic(state::require(py)?);
     facts::init(state::require(py)?);

@@ -1,0 +1,17 @@
+//! The interpreter boundary: what fastmodule reads of CPython's internals,
+//! in one place, with a runtime self-test wherever a layout is assumed.
+//!
+//! - [`Owned`]: a strong reference that is released when it goes out of
+//!   scope. Native code that keeps an object across anything that can run
+//!   Python code (a dict lookup whose keys compare with `__eq__`, a delete or
+//!   replacement whose old value has a finalizer, a call) holds it as an
+//!   `Owned`, as torch's Python code holds it in a local variable.
+//! - [`quiet`]: can a lookup in this container run code? An exact dict whose
+//!   keys are all exact `str` (CPython's str-only key tables), looked up with
+//!   an exact `str`, compares keys without calling `__eq__`; an exact set
+//!   whose elements are all exact `str` likewise. Fast paths require it and
+//!   hand anything else to torch's own code.
+pub mod owned;
+pub mod quiet;
+
+pub use owned::Owned;

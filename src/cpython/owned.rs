@@ -1,0 +1,59 @@
+//! An owned (strong) reference to a Python object.
+use pyo3::ffi;
+use std::ptr::NonNull;
+
+/// A strong reference, released on drop. Unlike a borrowed `*mut PyObject`,
+/// it stays valid while code that may drop the container's reference runs.
+pub struct Owned(NonNull<ffi::PyObject>);
+
+impl Owned {
+    /// A new strong reference to a borrowed, non-null pointer.
+    ///
+    /// # Safety
+    /// `p` must be a live object and the GIL held.
+    #[inline(always)]
+    pub unsafe fn from_borrowed(p: NonNull<ffi::PyObject>) -> Owned {
+        ffi::Py_INCREF(p.as_ptr());
+        Owned(p)
+    }
+
+    /// A new strong reference to `p`, or None for null.
+    ///
+    /// # Safety
+    /// As [`Owned::from_borrowed`].
+    #[inline(always)]
+    pub unsafe fn from_borrowed_ptr(p: *mut ffi::PyObject) -> Option<Owned> {
+        NonNull::new(p).map(|p| Owned::from_borrowed(p))
+    }
+
+    /// Take over a new reference (a call's result), or None for null.
+    ///
+    /// # Safety
+    /// `p` must be a new reference (or null) and the GIL held.
+    #[inline(always)]
+    pub unsafe fn from_owned_ptr(p: *mut ffi::PyObject) -> Option<Owned> {
+        NonNull::new(p).map(Owned)
+    }
+
+    /// The object, borrowed from this reference.
+    #[inline(always)]
+    pub fn as_ptr(&self) -> *mut ffi::PyObject {
+        self.0.as_ptr()
+    }
+
+    /// Hand the reference to the caller (a function returning a new reference).
+    #[inline(always)]
+    pub fn into_ptr(self) -> *mut ffi::PyObject {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        p
+    }
+}
+
+impl Drop for Owned {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: an Owned exists only with the GIL held (see the constructors).
+        unsafe { ffi::Py_DECREF(self.0.as_ptr()) }
+    }
+}
