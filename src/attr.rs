@@ -2,9 +2,10 @@
 //! `nn.Module.__getattr__`'s registry lookup (`_parameters`, `_buffers`,
 //! `_modules`, in that order) without a Python frame and without building the
 //! AttributeError that the failed normal lookup would raise on 3.11.
+use crate::cpython::quiet;
 use crate::errors::{no_attribute, not_initialised};
 use crate::ffi_ext::_PyObject_GenericGetAttrWithDict;
-use crate::lookup::{dict_get, instance_dict, is_exact_dict};
+use crate::lookup::{dict_get, instance_dict};
 use crate::state::{globals, Globals};
 use pyo3::ffi;
 
@@ -17,12 +18,21 @@ pub enum Reg {
     Error,
 }
 
-/// The three registry lookups of `nn.Module.__getattr__`.
+/// The three registry lookups of `nn.Module.__getattr__`, for an exact-str
+/// `name`. Only over quiet dicts (the instance dict and each registry read):
+/// then no lookup runs code and the borrowed results stay valid. Anything
+/// else is Unusual: torch's `__getattr__` runs, with its own lookups.
 #[inline(always)]
 pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Reg {
+    if ffi::PyUnicode_CheckExact(name) == 0 {
+        return Reg::Unusual;
+    }
     let dict = instance_dict(obj);
     if dict.is_null() {
         return Reg::Missing;
+    }
+    if !quiet::dict(dict) {
+        return Reg::Unusual;
     }
     let n = &g.names;
     for key in [n.parameters, n.buffers, n.modules] {
@@ -33,7 +43,7 @@ pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi:
             }
             continue;
         }
-        if !is_exact_dict(reg) {
+        if !quiet::dict(reg) {
             return Reg::Unusual;
         }
         let v = ffi::PyDict_GetItemWithError(reg, name);

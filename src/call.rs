@@ -31,8 +31,11 @@ unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
 type Hooks = [*mut ffi::PyObject; 4];
 
 /// What depends only on the instance `__dict__` and the class (so the call
-/// cache may remember it): `_compiled_call_impl` is None, and where the hook
-/// registries are. Err carries the reason to hand over.
+/// cache may remember it): the class runs torch's `_call_impl` and
+/// `object.__getattribute__` (the attribute reads `_wrapped_call_impl` and
+/// `_call_impl` make), `_compiled_call_impl` is None, and where the hook
+/// registries are. Err carries the reason to hand over. Reads only a quiet
+/// instance dict (`plain_attr`), so no code runs meanwhile.
 #[inline(always)]
 unsafe fn resolve(
     g: &Globals,
@@ -43,6 +46,11 @@ unsafe fn resolve(
         return Err(Decision::Stock);
     }
     let n = &g.names;
+    if type_lookup(tp, n.call_impl) != g.orig.call_impl
+        || type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute
+    {
+        return Err(Decision::Stock);
+    }
     match plain_attr(tp, dict, n.compiled_call_impl) {
         Plain::Found(v) if v == ffi::Py_None() => {}
         Plain::Error => return Err(Decision::Error),
@@ -140,6 +148,8 @@ unsafe fn call_forward(
     hooks: &Hooks,
 ) -> *mut ffi::PyObject {
     let name = g.names.forward;
+    // `resolve` found the instance dict quiet: the lookup below runs no code,
+    // so the borrowed class attribute `descr` stays valid across it.
     let descr = type_lookup(tp, name);
     let data_descr = !descr.is_null() && (*ffi::Py_TYPE(descr)).tp_descr_set.is_some();
     if !data_descr {

@@ -32,11 +32,13 @@ impl Key {
     };
 
     /// The key of `dict` and `tp` now; None while the class has no version
-    /// tag (nothing about it can be remembered then).
+    /// tag, or the dict is not quiet (nothing about them can be remembered
+    /// then). A key that still matches therefore also means the dict is
+    /// still quiet: its lookups by exact `str` run no code.
     #[inline(always)]
     pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
         let tp_version = (*tp).tp_version_tag;
-        if tp_version == 0 {
+        if tp_version == 0 || !crate::cpython::quiet::dict(dict) {
             return None;
         }
         Some(Key {

@@ -198,6 +198,8 @@ pub unsafe fn set_training(
     if old.is_null() || f.training_clear[0] == 0 {
         return None;
     }
+    // The registries are held by the unchanged (quiet) instance dict; each
+    // unchanged since `note_training` found it quiet and without `training`.
     for (reg, v) in f.regs.iter().zip(f.training_clear) {
         if reg.is_null() || ffi::PyDict_CheckExact(*reg) == 0 || dict_version(*reg) != v {
             return None;
@@ -217,8 +219,10 @@ pub unsafe fn set_training(
     if ffi::PyObject_GenericSetAttr(obj, name, mode) < 0 {
         return Some(Err(()));
     }
-    // The old value was a bool, so releasing it ran no code: the dict changed
-    // only in this entry. Confirm, then carry the facts to the new version.
+    // The dict is quiet (the entry's key matched), so the store compared no
+    // keys with `__eq__`, and the old value was a bool, so releasing it ran
+    // no code: the dict changed only in this entry. Confirm, then carry the
+    // facts to the new version.
     let before = dict_version(dict);
     if ffi::PyDict_GetItemWithError(dict, name) == mode && dict_version(dict) == before {
         if let Some(f) = entry_for_rebind(tp, dict, before) {
@@ -254,7 +258,9 @@ pub unsafe fn note_training(
     dict: *mut ffi::PyObject,
     name: *mut ffi::PyObject,
 ) {
-    if ffi::PyDict_CheckExact(dict) == 0 {
+    // Quiet dicts only (the instance dict and the three registries): then no
+    // lookup below runs code, and what one read stays true for the next.
+    if !crate::cpython::quiet::dict(dict) {
         return;
     }
     let n = &g.names;
@@ -263,7 +269,7 @@ pub unsafe fn note_training(
     let mut versions = [0u64; 3];
     for (i, reg_name) in [n.parameters, n.buffers, n.modules].into_iter().enumerate() {
         let r = ffi::PyDict_GetItemWithError(dict, reg_name);
-        if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
+        if r.is_null() || !crate::cpython::quiet::dict(r) {
             ffi::PyErr_Clear();
             return;
         }

@@ -33,6 +33,11 @@ unsafe fn version(d: *mut ffi::PyObject) -> u64 {
 pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
     let v = version(g.module_globals);
     if v == 0 || v != CACHE.version.get() {
+        // A non-str key in the module's globals could run code during the
+        // lookups below: torch's code reads them then.
+        if !crate::cpython::quiet::dict(g.module_globals) {
+            return Ok(false);
+        }
         let mut dicts = [std::ptr::null_mut(); 4];
         for (slot, &name) in dicts.iter_mut().zip(g.names.global_hooks.iter()) {
             let h = ffi::PyDict_GetItemWithError(g.module_globals, name);

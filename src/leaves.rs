@@ -12,6 +12,7 @@
 //! (`fastmodule.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
 use crate::callcache::{dict_version, set_leaf, Entry, Leaf, LeafKind};
+use crate::cpython::quiet;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -140,9 +141,13 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     Ok(())
 }
 
-/// `d[key] is want` for a module dict (borrowed lookups, no error expected).
+/// `d[key] is want` for a module dict; false (torch's function runs) unless
+/// the dict is quiet, so the lookup runs no code and cannot fail.
 #[inline(always)]
 unsafe fn is(d: *mut ffi::PyObject, key: *mut ffi::PyObject, want: *mut ffi::PyObject) -> bool {
+    if !quiet::dict(d) {
+        return false;
+    }
     let v = ffi::PyDict_GetItemWithError(d, key);
     if v.is_null() {
         ffi::PyErr_Clear();
@@ -186,7 +191,7 @@ unsafe fn cached(
 
 /// Does `obj.<name>` resolve through fastmodule's `tp_getattro` with no class
 /// attribute and no instance attribute of that name, so that it is exactly
-/// `nn.Module.__getattr__`'s registry lookup?
+/// `nn.Module.__getattr__`'s registry lookup? `dict` must be quiet.
 #[inline(always)]
 unsafe fn registry_only(
     tp: *mut ffi::PyTypeObject,
@@ -221,7 +226,8 @@ unsafe fn remember_plain(
     }
     let tp = ffi::Py_TYPE(slf);
     let dict = instance_dict(slf);
-    if dict.is_null() || !own_getattro_no_class_attr(tp, name) {
+    // Only quiet dicts: the lookups below then run no code.
+    if dict.is_null() || !quiet::dict(dict) || !own_getattro_no_class_attr(tp, name) {
         return;
     }
     let v = ffi::PyDict_GetItemWithError(dict, name);
@@ -254,11 +260,17 @@ unsafe fn remember_linear(
     let n = &l.names;
     let tp = ffi::Py_TYPE(slf);
     let dict = instance_dict(slf);
-    if dict.is_null() || !registry_only(tp, dict, n.weight) || !registry_only(tp, dict, n.bias) {
+    // Only quiet dicts (the instance dict and `_parameters`): no lookup below
+    // runs code, so what one read stays true for the next and for the entry.
+    if dict.is_null()
+        || !quiet::dict(dict)
+        || !registry_only(tp, dict, n.weight)
+        || !registry_only(tp, dict, n.bias)
+    {
         return;
     }
     let reg = match plain_attr(tp, dict, n.parameters) {
-        Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
+        Plain::Found(d) if quiet::dict(d) => d,
         Plain::Error => {
             ffi::PyErr_Clear();
             return;

@@ -21,9 +21,9 @@ mod accelerated;
 mod apply;
 mod attr;
 mod call;
-mod cpython;
 mod callcache;
 mod containers;
+mod cpython;
 mod eager_plans;
 mod errors;
 mod facts;
@@ -119,6 +119,21 @@ fn state_dict_plan_stats() -> (usize, usize) {
 #[pyfunction]
 fn load_plan_stats() -> (usize, usize) {
     load_plan::TABLE.stats()
+}
+
+/// Would a lookup by an exact `str` in `obj` run no code (an exact dict with
+/// a str-only key table, or an exact set of exact str)? For tests and
+/// diagnostics.
+#[pyfunction]
+fn is_quiet(obj: &Bound<'_, PyAny>) -> bool {
+    unsafe { cpython::quiet::dict(obj.as_ptr()) || cpython::quiet::set(obj.as_ptr()) }
+}
+
+/// Did the import-time check of CPython's dict key-table layout succeed?
+/// (If not, no fast path that needs a quiet dict is taken.)
+#[pyfunction]
+fn quiet_dicts_known() -> bool {
+    cpython::quiet::known()
 }
 
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
@@ -302,6 +317,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state_dict::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
+    m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
+    m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;
     m.add_class::<traversal::NamedChildren>()?;

@@ -25,7 +25,10 @@ pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
     }
 }
 
-/// `obj.<name>` for a name that is normally an instance attribute.
+/// `obj.<name>` for a name that is normally an instance attribute (`name`
+/// an exact `str`). Only a quiet instance dict (see `crate::cpython::quiet`)
+/// is read: its lookup runs no code, so a caller may use what it found and
+/// what it read before. Any other dict is Unusual (torch's code answers).
 #[inline(always)]
 pub unsafe fn plain_attr(
     tp: *mut ffi::PyTypeObject,
@@ -40,6 +43,9 @@ pub unsafe fn plain_attr(
         }
     }
     if !dict.is_null() {
+        if !crate::cpython::quiet::dict(dict) {
+            return Plain::Unusual;
+        }
         let v = crate::facts::dict_get(tp, dict, name);
         if !v.is_null() {
             return Plain::Found(v);
@@ -92,11 +98,6 @@ pub unsafe fn dict_get(dict: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mu
         return std::ptr::null_mut();
     }
     ffi::PyDict_GetItemWithError(dict, key)
-}
-
-#[inline(always)]
-pub unsafe fn is_exact_dict(obj: *mut ffi::PyObject) -> bool {
-    ffi::PyDict_CheckExact(obj) != 0
 }
 
 /// A hook registry whose truth value is its length: `dict` or `OrderedDict`.

@@ -9,9 +9,10 @@
 //! `register_parameter`, ...) the whole operation goes to torch's own
 //! function, so partial work is never followed by a hand-over.
 use crate::attr::has_attr;
+use crate::cpython::{quiet, Owned};
 use crate::errors::{raise, typename, Part};
 use crate::ffi_ext::type_lookup;
-use crate::lookup::{dict_get, hook_dict_len, instance_dict, is_exact_dict, plain_attr, Plain};
+use crate::lookup::{dict_get, hook_dict_len, instance_dict, plain_attr, Plain};
 use crate::state::Globals;
 use pyo3::ffi;
 
@@ -82,7 +83,8 @@ unsafe fn contains(container: *mut ffi::PyObject, item: *mut ffi::PyObject) -> R
     }
 }
 
-/// A borrowed registry attribute that must be an exact dict (or set).
+/// A borrowed registry attribute that must be a quiet dict (or set): its
+/// lookups by an exact `str` run no code (see `crate::cpython::quiet`).
 unsafe fn exact_attr(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
@@ -92,9 +94,9 @@ unsafe fn exact_attr(
     match plain_attr(tp, dict, name) {
         Plain::Found(v) => {
             let ok = if want_set {
-                ffi::PySet_CheckExact(v) != 0
+                quiet::set(v)
             } else {
-                is_exact_dict(v)
+                quiet::dict(v)
             };
             if ok {
                 Ok(v)
@@ -107,8 +109,9 @@ unsafe fn exact_attr(
     }
 }
 
-/// Several registry attributes at once, each an exact dict (or set when the
+/// Several registry attributes at once, each a quiet dict (or set when the
 /// flag says so); Err(Stock) when any is unusual, Err(Error) on an exception.
+/// No code runs while they are read, so all are still current together.
 unsafe fn exact_attrs<const N: usize>(
     tp: *mut ffi::PyTypeObject,
     dict: *mut ffi::PyObject,
@@ -130,16 +133,17 @@ unsafe fn exact_attrs<const N: usize>(
     }
 }
 
-/// `remove_from(...)` of `Module.__setattr__` over exact dicts and one set.
-unsafe fn remove_from(
-    dicts: &[*mut ffi::PyObject],
-    set: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> Result<(), ()> {
-    for &d in dicts {
-        match ffi::PyDict_Contains(d, name) {
+/// `remove_from(...)` of `Module.__setattr__`: for three exact dicts and one
+/// exact set, `if name in d: del d[name]` (`d.discard(name)` for the set).
+/// The containers are held, as torch's call holds its arguments: a delete
+/// runs the old value's finalizer, which may replace them on the module
+/// (torch goes on with the ones it was given) or make their lookups run
+/// code (the same lookups run here as there).
+unsafe fn remove_from(dicts: [&Owned; 3], set: &Owned, name: *mut ffi::PyObject) -> Result<(), ()> {
+    for d in dicts {
+        match ffi::PyDict_Contains(d.as_ptr(), name) {
             1 => {
-                if ffi::PyDict_DelItem(d, name) < 0 {
+                if ffi::PyDict_DelItem(d.as_ptr(), name) < 0 {
                     return Err(());
                 }
             }
@@ -147,14 +151,33 @@ unsafe fn remove_from(
             _ => return Err(()),
         }
     }
-    if ffi::PySet_Discard(set, name) < 0 {
-        return Err(());
+    match ffi::PySet_Contains(set.as_ptr(), name) {
+        1 => {
+            if ffi::PySet_Discard(set.as_ptr(), name) < 0 {
+                return Err(());
+            }
+        }
+        0 => {}
+        _ => return Err(()),
     }
     Ok(())
 }
 
-/// A global registration-hook dict, or Err(Stock) when it is not plain.
+/// New references to live objects read while no code could run (a null
+/// among them: nothing taken, torch's code runs).
+unsafe fn hold<const N: usize>(objs: [*mut ffi::PyObject; N]) -> Result<[Owned; N], Outcome> {
+    if objs.iter().any(|p| p.is_null()) {
+        return Err(Outcome::Stock);
+    }
+    Ok(objs.map(|p| Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))))
+}
+
+/// A global registration-hook dict, or Err(Stock) when it is not a plain
+/// (Ordered)dict or the module's globals are not quiet.
 unsafe fn reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<*mut ffi::PyObject, Outcome> {
+    if !quiet::dict(g.module_globals) {
+        return Err(Outcome::Stock);
+    }
     let h = dict_get(g.module_globals, which);
     if h.is_null() {
         return Err(if ffi::PyErr_Occurred().is_null() {
@@ -169,8 +192,10 @@ unsafe fn reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<*mut ffi::
     }
 }
 
-/// `for hook in hooks.values(): out = hook(self, name, value); value = out or value`.
-/// Returns a new reference to the final value, or null with an exception set.
+/// `for hook in <hooks>.values(): out = hook(self, name, value); value = out
+/// or value`, with `<hooks>` the module global `which` read as torch's code
+/// reads it (a NameError where it is gone). Returns a new reference to the
+/// final value, or null with an exception set.
 unsafe fn run_reg_hooks(
     g: &Globals,
     which: *mut ffi::PyObject,
@@ -179,22 +204,35 @@ unsafe fn run_reg_hooks(
     value: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     let hooks = match reg_hooks(g, which) {
-        Ok(h) => h,
+        // Empty: the loop would not run.
+        Ok(h) if matches!(hook_dict_len(h, g.odict), Some(0)) => {
+            ffi::Py_INCREF(value);
+            return value;
+        }
+        Ok(h) => Owned::from_borrowed(std::ptr::NonNull::new_unchecked(h)),
         Err(Outcome::Error) => return std::ptr::null_mut(),
         Err(_) => {
-            ffi::PyErr_SetString(
-                ffi::PyExc_RuntimeError,
-                c"registration hooks are not a dict".as_ptr(),
-            );
-            return std::ptr::null_mut();
+            let h = ffi::PyObject_GetItem(g.module_globals, which);
+            match Owned::from_owned_ptr(h) {
+                Some(h) => h,
+                None => {
+                    if ffi::PyErr_ExceptionMatches(ffi::PyExc_KeyError) != 0 {
+                        ffi::PyErr_Clear();
+                        ffi::PyErr_Format(
+                            ffi::PyExc_NameError,
+                            c"name '%U' is not defined".as_ptr(),
+                            which,
+                        );
+                    }
+                    return std::ptr::null_mut();
+                }
+            }
         }
     };
     ffi::Py_INCREF(value);
     let mut value = value;
-    if matches!(hook_dict_len(hooks, g.odict), Some(0)) {
-        return value;
-    }
-    let values = ffi::PyObject_CallMethod(hooks, c"values".as_ptr(), std::ptr::null());
+    let values = ffi::PyObject_CallMethod(hooks.as_ptr(), c"values".as_ptr(), std::ptr::null());
+    drop(hooks);
     let it = if values.is_null() {
         values
     } else {
@@ -657,7 +695,46 @@ unsafe fn no_reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<bool, O
     Ok(matches!(hook_dict_len(h, g.odict), Some(0)))
 }
 
+/// `self.__dict__.get(<registry>)` of a quiet instance dict (no code runs):
+/// Ok(null) for a missing or None entry, Err(Stock) unless it is a quiet dict.
+unsafe fn optional_registry(
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> Result<*mut ffi::PyObject, Outcome> {
+    let r = dict_get(dict, name);
+    if r.is_null() {
+        return if ffi::PyErr_Occurred().is_null() {
+            Ok(r)
+        } else {
+            Err(Outcome::Error)
+        };
+    }
+    if r == ffi::Py_None() {
+        return Ok(std::ptr::null_mut());
+    }
+    if quiet::dict(r) {
+        Ok(r)
+    } else {
+        Err(Outcome::Stock)
+    }
+}
+
+/// `name in reg` for a quiet registry (no code runs, no error possible but
+/// reported if it came).
+unsafe fn in_quiet(reg: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Result<bool, Outcome> {
+    match ffi::PyDict_Contains(reg, name) {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(Outcome::Error),
+    }
+}
+
 /// `Module.__setattr__(self, name, value)`.
+///
+/// Every check that may send the call to torch runs first, over quiet
+/// dicts and sets only, so no code runs until the first delete or store;
+/// from there on the branch is torch's, step for step, with the containers
+/// torch holds in locals held here too.
 unsafe fn setattr_fast(
     g: &Globals,
     obj: *mut ffi::PyObject,
@@ -668,7 +745,7 @@ unsafe fn setattr_fast(
         return Outcome::Stock;
     }
     let dict = instance_dict(obj);
-    if dict.is_null() || !is_exact_dict(dict) {
+    if dict.is_null() || !quiet::dict(dict) {
         return Outcome::Stock;
     }
     let tp = ffi::Py_TYPE(obj);
@@ -677,13 +754,10 @@ unsafe fn setattr_fast(
     if matches!(kind, Kind::Unusual) {
         return Outcome::Stock;
     }
-    let mut params = dict_get(dict, n.parameters);
-    if params.is_null() && !ffi::PyErr_Occurred().is_null() {
-        return Outcome::Error;
-    }
-    if params == ffi::Py_None() {
-        params = std::ptr::null_mut();
-    }
+    let params = match optional_registry(dict, n.parameters) {
+        Ok(p) => p,
+        Err(o) => return o,
+    };
     if matches!(kind, Kind::Param) {
         if params.is_null() {
             ffi::PyErr_SetString(
@@ -704,25 +778,32 @@ unsafe fn setattr_fast(
             Ok(v) => v,
             Err(o) => return o,
         };
-        let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
-        if native {
+        if native_method(obj, n.register_parameter, g.orig.register_parameter) {
             match no_reg_hooks(g, n.global_param_reg_hooks) {
                 Ok(true) => {}
                 Ok(false) => return Outcome::Stock,
                 Err(o) => return o,
             }
         }
-        if remove_from(&[dict, bufs, mods], np, name).is_err() {
+        // remove_from(self.__dict__, self._buffers, self._modules,
+        // self._non_persistent_buffers_set)
+        let [d, bufs, mods, np] = match hold([dict, bufs, mods, np]) {
+            Ok(v) => v,
+            Err(o) => return o,
+        };
+        let removed = remove_from([&d, &bufs, &mods], &np, name);
+        drop((d, bufs, mods, np));
+        if removed.is_err() {
             return Outcome::Error;
         }
+        // self.register_parameter(name, value): looked up now, after any
+        // finalizer the removal ran.
+        let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
         return dispatch_register_parameter(g, obj, name, value, native);
     }
     if !params.is_null() {
-        if !is_exact_dict(params) {
-            return Outcome::Stock;
-        }
-        match ffi::PyDict_Contains(params, name) {
-            1 => {
+        match in_quiet(params, name) {
+            Ok(true) => {
                 if value != ffi::Py_None() {
                     return raise_typename(
                         g,
@@ -739,20 +820,14 @@ unsafe fn setattr_fast(
                 let native = native_method(obj, n.register_parameter, g.orig.register_parameter);
                 return dispatch_register_parameter(g, obj, name, value, native);
             }
-            0 => {}
-            _ => return Outcome::Error,
+            Ok(false) => {}
+            Err(o) => return o,
         }
     }
-    let mut modules = dict_get(dict, n.modules);
-    if modules.is_null() && !ffi::PyErr_Occurred().is_null() {
-        return Outcome::Error;
-    }
-    if modules == ffi::Py_None() {
-        modules = std::ptr::null_mut();
-    }
-    if !modules.is_null() && !is_exact_dict(modules) {
-        return Outcome::Stock;
-    }
+    let modules = match optional_registry(dict, n.modules) {
+        Ok(m) => m,
+        Err(o) => return o,
+    };
     if matches!(kind, Kind::Module) {
         if modules.is_null() {
             ffi::PyErr_SetString(
@@ -778,18 +853,21 @@ unsafe fn setattr_fast(
             Ok(false) => return Outcome::Stock,
             Err(o) => return o,
         }
-        if remove_from(&[dict, ps, bufs], np, name).is_err() {
+        // `modules` is torch's local, read before the removal.
+        let [modules, d, ps, bufs, np] = match hold([modules, dict, ps, bufs, np]) {
+            Ok(v) => v,
+            Err(o) => return o,
+        };
+        let removed = remove_from([&d, &ps, &bufs], &np, name);
+        drop((d, ps, bufs, np));
+        if removed.is_err() {
             return Outcome::Error;
         }
-        return if ffi::PyDict_SetItem(modules, name, value) < 0 {
-            Outcome::Error
-        } else {
-            Outcome::Done
-        };
+        return store_child(g, obj, &modules, name, value);
     }
     if !modules.is_null() {
-        match ffi::PyDict_Contains(modules, name) {
-            1 => {
+        match in_quiet(modules, name) {
+            Ok(true) => {
                 if value != ffi::Py_None() {
                     return raise_typename(
                         g,
@@ -808,29 +886,25 @@ unsafe fn setattr_fast(
                     Ok(false) => return Outcome::Stock,
                     Err(o) => return o,
                 }
-                return if ffi::PyDict_SetItem(modules, name, value) < 0 {
-                    Outcome::Error
-                } else {
-                    Outcome::Done
+                let Ok([modules]) = hold([modules]) else {
+                    return Outcome::Stock;
                 };
+                return store_child(g, obj, &modules, name, value);
             }
-            0 => {}
-            _ => return Outcome::Error,
+            Ok(false) => {}
+            Err(o) => return o,
         }
     }
-    let buffers = dict_get(dict, n.buffers);
-    if buffers.is_null() && !ffi::PyErr_Occurred().is_null() {
-        return Outcome::Error;
-    }
-    if !buffers.is_null() && buffers != ffi::Py_None() {
-        if !is_exact_dict(buffers) {
-            return Outcome::Stock;
-        }
-        match ffi::PyDict_Contains(buffers, name) {
+    let buffers = match optional_registry(dict, n.buffers) {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    if !buffers.is_null() {
+        match in_quiet(buffers, name) {
             // A buffer slot: torch's type check and register_buffer dispatch.
-            1 => return Outcome::Stock,
-            0 => {}
-            _ => return Outcome::Error,
+            Ok(true) => return Outcome::Stock,
+            Ok(false) => {}
+            Err(o) => return o,
         }
     }
     if ffi::PyObject_GenericSetAttr(obj, name, value) < 0 {
@@ -840,7 +914,32 @@ unsafe fn setattr_fast(
     }
 }
 
-/// `Module.__delattr__(self, name)`.
+/// The end of both module branches of `__setattr__`: the global module
+/// registration hooks (read now: a finalizer may have added one), then
+/// `modules[name] = value` into the `_modules` torch read first.
+unsafe fn store_child(
+    g: &Globals,
+    obj: *mut ffi::PyObject,
+    modules: &Owned,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> Outcome {
+    let value = run_reg_hooks(g, g.names.global_module_reg_hooks, obj, name, value);
+    let Some(value) = Owned::from_owned_ptr(value) else {
+        return Outcome::Error;
+    };
+    if ffi::PyDict_SetItem(modules.as_ptr(), name, value.as_ptr()) < 0 {
+        Outcome::Error
+    } else {
+        Outcome::Done
+    }
+}
+
+/// `Module.__delattr__(self, name)`: `name in self._parameters`, then
+/// `_buffers`, then `_modules` (quiet dicts, read up front: no code runs
+/// until the delete), the delete, and for a buffer
+/// `self._non_persistent_buffers_set.discard(name)` read after it, as torch
+/// reads it (the deleted value's finalizer may have replaced the set).
 unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Outcome {
     if ffi::PyUnicode_CheckExact(name) == 0 {
         return Outcome::Stock;
@@ -851,32 +950,37 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
     }
     let tp = ffi::Py_TYPE(obj);
     let n = &g.names;
-    let [ps, bufs, mods, np] = match exact_attrs(
+    let [ps, bufs, mods] = match exact_attrs(
         tp,
         dict,
         [
             (n.parameters, false),
             (n.buffers, false),
             (n.modules, false),
-            (n.non_persistent, true),
         ],
     ) {
         Ok(v) => v,
         Err(o) => return o,
     };
     for (reg, is_buf) in [(ps, false), (bufs, true), (mods, false)] {
-        match ffi::PyDict_Contains(reg, name) {
-            1 => {
-                if ffi::PyDict_DelItem(reg, name) < 0 {
+        match in_quiet(reg, name) {
+            Ok(true) => {
+                // Held across the delete, as `self._buffers` is by torch's
+                // expression while `del` runs.
+                let Ok([reg]) = hold([reg]) else {
+                    return Outcome::Stock;
+                };
+                if ffi::PyDict_DelItem(reg.as_ptr(), name) < 0 {
                     return Outcome::Error;
                 }
-                if is_buf && ffi::PySet_Discard(np, name) < 0 {
-                    return Outcome::Error;
+                drop(reg);
+                if is_buf {
+                    return discard_non_persistent(obj, n.non_persistent, name);
                 }
                 return Outcome::Done;
             }
-            0 => {}
-            _ => return Outcome::Error,
+            Ok(false) => {}
+            Err(o) => return o,
         }
     }
     if ffi::PyObject_GenericSetAttr(obj, name, std::ptr::null_mut()) < 0 {
@@ -884,6 +988,29 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
     } else {
         Outcome::Done
     }
+}
+
+/// `self._non_persistent_buffers_set.discard(name)`, the set read now.
+unsafe fn discard_non_persistent(
+    obj: *mut ffi::PyObject,
+    set_name: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> Outcome {
+    let Some(set) = Owned::from_owned_ptr(attr_of(obj, set_name)) else {
+        return Outcome::Error;
+    };
+    if ffi::PySet_CheckExact(set.as_ptr()) != 0 {
+        if ffi::PySet_Discard(set.as_ptr(), name) < 0 {
+            return Outcome::Error;
+        }
+        return Outcome::Done;
+    }
+    status(ffi::PyObject_CallMethod(
+        set.as_ptr(),
+        c"discard".as_ptr(),
+        c"O".as_ptr(),
+        name,
+    ))
 }
 
 /// Is `obj` an instance of a fastmodule class whose MRO puts only `object`

@@ -17,6 +17,7 @@ pub struct Names {
     pub modules: *mut ffi::PyObject,
     pub non_persistent: *mut ffi::PyObject,
     pub compiled_call_impl: *mut ffi::PyObject,
+    pub call_impl: *mut ffi::PyObject,
     pub forward: *mut ffi::PyObject,
     /// The 4 per-module hook dicts `_call_impl` tests.
     pub instance_hooks: [*mut ffi::PyObject; 4],
@@ -44,6 +45,8 @@ pub struct Names {
 /// MRO resolves the matching dunder to exactly one of these.
 pub struct Originals {
     pub call: *mut ffi::PyObject,
+    /// `nn.Module._call_impl`, which `_wrapped_call_impl` looks up on `self`.
+    pub call_impl: *mut ffi::PyObject,
     pub getattr: *mut ffi::PyObject,
     pub setattr: *mut ffi::PyObject,
     pub delattr: *mut ffi::PyObject,
@@ -128,6 +131,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
 
     let orig = Originals {
         call: class_entry(&nn_module, "_wrapped_call_impl")?,
+        call_impl: class_entry(&nn_module, "_call_impl")?,
         getattr: class_entry(&nn_module, "__getattr__")?,
         setattr: class_entry(&nn_module, "__setattr__")?,
         delattr: class_entry(&nn_module, "__delattr__")?,
@@ -144,6 +148,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         modules: intern(py, "_modules"),
         non_persistent: intern(py, "_non_persistent_buffers_set"),
         compiled_call_impl: intern(py, "_compiled_call_impl"),
+        call_impl: intern(py, "_call_impl"),
         forward: intern(py, "forward"),
         instance_hooks: [
             intern(py, "_backward_hooks"),

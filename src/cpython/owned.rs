@@ -17,15 +17,6 @@ impl Owned {
         Owned(p)
     }
 
-    /// A new strong reference to `p`, or None for null.
-    ///
-    /// # Safety
-    /// As [`Owned::from_borrowed`].
-    #[inline(always)]
-    pub unsafe fn from_borrowed_ptr(p: *mut ffi::PyObject) -> Option<Owned> {
-        NonNull::new(p).map(|p| Owned::from_borrowed(p))
-    }
-
     /// Take over a new reference (a call's result), or None for null.
     ///
     /// # Safety
@@ -39,14 +30,6 @@ impl Owned {
     #[inline(always)]
     pub fn as_ptr(&self) -> *mut ffi::PyObject {
         self.0.as_ptr()
-    }
-
-    /// Hand the reference to the caller (a function returning a new reference).
-    #[inline(always)]
-    pub fn into_ptr(self) -> *mut ffi::PyObject {
-        let p = self.0.as_ptr();
-        std::mem::forget(self);
-        p
     }
 }
 

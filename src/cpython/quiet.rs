@@ -28,7 +28,9 @@ unsafe fn dk_kind(dict: *mut ffi::PyObject) -> u8 {
 /// Is `obj` an exact dict whose lookups by an exact `str` run no code?
 #[inline(always)]
 pub unsafe fn dict(obj: *mut ffi::PyObject) -> bool {
-    ffi::PyDict_CheckExact(obj) != 0 && KNOWN.load(Ordering::Relaxed) && dk_kind(obj) != DICT_KEYS_GENERAL
+    ffi::PyDict_CheckExact(obj) != 0
+        && KNOWN.load(Ordering::Relaxed)
+        && dk_kind(obj) != DICT_KEYS_GENERAL
 }
 
 /// Is `obj` an exact set whose elements are all exact `str` (so a lookup by
@@ -65,7 +67,7 @@ pub fn known() -> bool {
 /// Verify the key-table kind offset on live dicts: str keys, an instance
 /// dict (split or str-only), and a dict that was given a non-str key.
 pub fn init(py: pyo3::Python<'_>) -> pyo3::PyResult<()> {
-    use pyo3::types::{PyAnyMethods, PyDict, PyDictMethods};
+    use pyo3::types::{PyDict, PyDictMethods};
     let strs = PyDict::new(py);
     strs.set_item("a", 1)?;
     let general = PyDict::new(py);
