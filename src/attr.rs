@@ -73,7 +73,13 @@ pub unsafe extern "C" fn module_getattro(
     let Some(g) = globals() else {
         return not_initialised();
     };
-    match registry_get(g, obj, name) {
+    // Under a tracer or profiler torch's `__getattr__` runs, with its frame.
+    let reg = if crate::cpython::tracer::active() {
+        Reg::Unusual
+    } else {
+        registry_get(g, obj, name)
+    };
+    match reg {
         Reg::Found(v) => {
             ffi::Py_INCREF(v);
             v

@@ -67,11 +67,13 @@ unsafe fn resolve(
     Ok(hooks)
 }
 
-/// The checks that read live state on every call: a PEP 523 evaluator, jit
-/// tracing, and whether all 8 hook registries are empty plain dicts.
+/// The checks that read live state on every call: a PEP 523 evaluator, a
+/// trace or profile function (debuggers, profilers and coverage then see
+/// torch's frames), jit tracing, and whether all 8 hook registries are empty
+/// plain dicts.
 #[inline(always)]
 unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
-    if custom_eval_frame() {
+    if custom_eval_frame() || crate::cpython::tracer::active() {
         return Decision::Stock;
     }
     match is_tracing(g) {

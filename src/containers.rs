@@ -9,6 +9,7 @@
 //! (`fastmodule.layers`) to read exactly these names; a call that is not
 //! `f(self)` on a fast instance whose `_modules` is a plain dict runs
 //! torch's function.
+use crate::cpython::Owned;
 use crate::lookup::{instance_dict, plain_attr, Plain};
 use crate::register::is_fast_instance;
 use crate::state::globals;
@@ -74,11 +75,16 @@ unsafe extern "C" fn served(
     let nargs = ffi::PyVectorcall_NARGS(nargsf);
     let no_kw = kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0;
     if let Some(g) = globals() {
-        if nargs == 1 && no_kw && is_fast_instance(g, *args) {
+        if nargs == 1 && no_kw && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
             let slf = *args;
             let name = modules as *mut ffi::PyObject;
             match plain_attr(ffi::Py_TYPE(slf), instance_dict(slf), name) {
-                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => return run(e.body, d),
+                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+                    // Held while the body allocates (on 3.11 a collection
+                    // may then run a finalizer that drops it from the module).
+                    let d = Owned::from_borrowed(std::ptr::NonNull::new_unchecked(d));
+                    return run(e.body, d.as_ptr());
+                }
                 Plain::Error => return std::ptr::null_mut(),
                 _ => {}
             }

@@ -136,6 +136,26 @@ fn quiet_dicts_known() -> bool {
     cpython::quiet::known()
 }
 
+/// Find where CPython keeps this thread's profile and trace functions; the
+/// caller (a fresh thread) has just set `profile` and then `trace`.
+#[pyfunction]
+fn locate_tracer_fields(profile: &Bound<'_, PyAny>, trace: &Bound<'_, PyAny>) -> bool {
+    cpython::tracer::locate(profile.as_ptr(), trace.as_ptr())
+}
+
+/// The same thread, with both unset again: confirm the fields are clear and
+/// start reading them.
+#[pyfunction]
+fn confirm_tracer_fields() -> bool {
+    cpython::tracer::confirm()
+}
+
+/// Can the call path tell that a trace or profile function is set?
+#[pyfunction]
+fn tracer_check_known() -> bool {
+    cpython::tracer::known()
+}
+
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
 #[pyfunction]
 fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
@@ -318,6 +338,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
+    m.add_function(wrap_pyfunction!(locate_tracer_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(confirm_tracer_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

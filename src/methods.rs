@@ -201,7 +201,8 @@ unsafe fn entry(
 ) -> *mut ffi::PyObject {
     let nargs = ffi::PyVectorcall_NARGS(nargsf) as usize;
     if let Some(g) = globals() {
-        if nargs >= 1 && is_fast_instance(g, *args) {
+        // Under a tracer or profiler torch's function runs, with its frame.
+        if nargs >= 1 && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
             if let Some(r) = native(g, which, *args, args.add(1), nargs - 1, kwnames) {
                 return r;
             }

@@ -85,3 +85,18 @@ def init_runtime(config: dict[str, object]) -> None:
 
 def init_containers(config: dict[str, object]) -> None:
     """Serve torch's ModuleList/Sequential/ModuleDict protocol methods natively."""
+
+def is_quiet(obj: object) -> bool:
+    """Would a lookup by an exact str in ``obj`` run no code (str-only exact dict/set)?"""
+
+def quiet_dicts_known() -> bool:
+    """Did the import-time check of CPython's dict key-table layout succeed?"""
+
+def locate_tracer_fields(profile: object, trace: object) -> bool:
+    """From a fresh thread that just set both: find the thread state's tracer fields."""
+
+def confirm_tracer_fields() -> bool:
+    """From the same thread with both unset: confirm the fields, enable the check."""
+
+def tracer_check_known() -> bool:
+    """Can the call path tell that a trace or profile function is set?"""

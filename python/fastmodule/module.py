@@ -7,7 +7,17 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, _dispatch, conversion, inline_routes, loading, paths, saving, walks
+from fastmodule import (
+    _core,
+    _dispatch,
+    conversion,
+    inline_routes,
+    loading,
+    paths,
+    saving,
+    tracer_probe,
+    walks,
+)
 from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
 
 __all__ = ["Module", "slots_of"]
@@ -70,6 +80,8 @@ def slots_of(cls: type) -> tuple[bool, bool, bool]:
 
 
 _core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+# Module calls step aside while a trace/profile function is set (see tracer_probe).
+tracer_probe.probe()
 # torch's own whole-tree methods run the same bodies for fast instances
 # (accelerated classes included), wherever they are called from.
 _core.route_torch_methods(

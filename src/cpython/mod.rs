@@ -11,7 +11,9 @@
 //!   an exact `str`, compares keys without calling `__eq__`; an exact set
 //!   whose elements are all exact `str` likewise. Fast paths require it and
 //!   hand anything else to torch's own code.
+//! - [`tracer`]: is a trace or profile function set on this thread?
 pub mod owned;
 pub mod quiet;
+pub mod tracer;
 
 pub use owned::Owned;
