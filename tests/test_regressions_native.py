@@ -444,3 +444,41 @@ SCENARIOS: dict[str, Scenario] = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario_matches_stock(name: str) -> None:
     both(SCENARIOS[name])
+
+
+class HookMapping:
+    """A mapping-like registry of global registration hooks (only ``values``)."""
+
+    def __init__(self, *hooks: Callable[..., Any]) -> None:
+        self.hooks = list(hooks)
+
+    def values(self) -> list[Callable[..., Any]]:
+        return self.hooks
+
+
+def test_registration_hooks_held_in_any_mapping(base: type[nn.Module]) -> None:
+    mod = sys.modules["torch.nn.modules.module"]
+    saved = mod._global_parameter_registration_hooks
+    seen: list[str] = []
+
+    def hook(m: nn.Module, name: str, p: Any) -> None:
+        seen.append(name)
+
+    class M(base):  # type: ignore[misc, valid-type]
+        pass
+
+    m = M()
+    mod._global_parameter_registration_hooks = HookMapping(hook)  # type: ignore[assignment]
+    try:
+        m.register_parameter("w", nn.Parameter(torch.ones(1)))
+        m.v = nn.Parameter(torch.ones(1))
+        del mod._global_parameter_registration_hooks
+        gone = outcome(lambda: m.register_parameter("u", nn.Parameter(torch.ones(1))))
+    finally:
+        mod._global_parameter_registration_hooks = saved
+    assert seen == ["w", "v"]
+    assert gone == (
+        "raised",
+        NameError,
+        "name '_global_parameter_registration_hooks' is not defined",
+    )
