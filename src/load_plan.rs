@@ -9,17 +9,22 @@
 //! classes, the instance dicts, their registries and each
 //! `_non_persistent_buffers_set`. A plan lists the visits of such a tree with
 //! those objects and versions, and every parameter and buffer with its full
-//! key (names without `.`, none called `_extra_state`, so a key is expected
-//! exactly where torch's scan would accept it).
+//! key (names without `.`, none called `_extra_state`, none both a parameter
+//! and a buffer, so a key is expected exactly where torch's scan would accept
+//! it and torch's `local_state` has one entry per key).
 //!
-//! A replay first checks, without changing anything: every visit (as in
-//! `crate::eager_plans`, plus the hook dicts' sizes, which change without
-//! the instance dict); every buffer's persistence; that the given dict has
-//! only exact str keys, exactly as many as the expected keys, and all of
-//! them (so no key is missing or unexpected anywhere); and each pair's
-//! types, shapes and `is_meta` (`crate::state_dict::plain_copy`, the live
-//! path's test). Any difference hands the call to the live walk, which then
-//! records afresh. Then the caller copies each pair in torch's order, as the
+//! A replay first checks, without changing anything and without running
+//! code: every visit (as in `crate::eager_plans`, plus the hook dicts' sizes,
+//! which change without the instance dict); every buffer's persistence, in a
+//! `_non_persistent_buffers_set` of exact strs (its contents change without
+//! any version, so this is checked on every call); each module's local
+//! metadata (`metadata.get(prefix[:-1])`: absent, or a dict without a true
+//! `assign_to_params_buffers`, read only where every key is an exact str);
+//! that the given dict has only exact str keys, exactly as many as the
+//! expected keys, and all of them (so no key is missing or unexpected
+//! anywhere); and each pair's types, shapes and `is_meta`
+//! (`crate::state_dict::plain_copy`, the live path's test). Any difference
+//! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
 //! live path does (`crate::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
@@ -39,6 +44,8 @@ struct Visit {
     hooks: [*mut ffi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set).
     non_persistent: *mut ffi::PyObject,
+    /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
+    metadata_key: Py<PyAny>,
     entries: (u32, u32),
 }
 
@@ -74,18 +81,20 @@ pub struct Originals {
 /// key missing or unexpected, every pair torch's common case), None when the
 /// caller must walk live (nothing was done). `state_dict` is a dict or
 /// `OrderedDict`; the caller checked that nothing is assigned, the metadata
-/// is None or a plain dict, torch's `swap_tensors` flag is off and no mode is
-/// active, and makes the copies (`crate::state_dict::load_replay`).
+/// is None or a dict or `OrderedDict`, torch's `swap_tensors` flag is off
+/// and no mode is active, and makes the copies
+/// (`crate::state_dict::load_replay`).
 pub fn replay<'py>(
     py: Python<'py>,
     g: &Globals,
     root: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
 ) -> Option<PyResult<Vec<CopyPair<'py>>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
     let gc = crate::plan_parts::GcPause::new();
-    let checked = unsafe { check(py, g, &plan, state_dict) };
+    let checked = unsafe { check(py, g, &plan, state_dict, metadata) };
     drop(gc);
     let pairs = match checked {
         Check::Pairs(p) => p,
@@ -110,11 +119,43 @@ enum Check<'py> {
     Error(PyErr),
 }
 
+/// Would torch's `_load_from_state_dict` find no true
+/// `assign_to_params_buffers` in `local_metadata` (borrowed; null: absent,
+/// torch's fresh `{}`), read without running code? False where it cannot
+/// tell so (not a dict or `OrderedDict`, a key that is not an exact str).
+///
+/// # Safety
+/// GIL held.
+pub(crate) unsafe fn copies_in_place(
+    g: &Globals,
+    assign_key: *mut ffi::PyObject,
+    local_metadata: *mut ffi::PyObject,
+) -> bool {
+    if local_metadata.is_null() {
+        return true;
+    }
+    let tp = ffi::Py_TYPE(local_metadata);
+    if tp != std::ptr::addr_of_mut!(ffi::PyDict_Type) && tp != g.odict {
+        return false;
+    }
+    if !crate::cpython::str_keys::all_str(local_metadata) {
+        return false;
+    }
+    // `dict.get` (`OrderedDict`'s is the same): only strs compared.
+    let v = ffi::PyDict_GetItemWithError(local_metadata, assign_key);
+    if v.is_null() {
+        ffi::PyErr_Clear();
+        return true;
+    }
+    v == ffi::Py_False()
+}
+
 unsafe fn check<'py>(
     py: Python<'py>,
     g: &Globals,
     plan: &Plan,
     state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
 ) -> Check<'py> {
     if !room_for(plan.max_depth) {
         return Check::Differs;
@@ -122,6 +163,24 @@ unsafe fn check<'py>(
     for v in &plan.visits {
         if !v.module.holds() || !hooks_empty(g, &v.hooks) {
             return Check::Stale;
+        }
+    }
+    // Each module's `local_metadata`, as torch's `load` gets it (the caller
+    // checked the metadata is None, a dict or an `OrderedDict`).
+    let md = metadata.as_ptr();
+    if md != ffi::Py_None() {
+        if !crate::cpython::str_keys::all_str(md) {
+            return Check::Differs;
+        }
+        let assign_key = pyo3::intern!(py, "assign_to_params_buffers").as_ptr();
+        for v in &plan.visits {
+            let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+            if local.is_null() && !ffi::PyErr_Occurred().is_null() {
+                return Check::Error(PyErr::fetch(py));
+            }
+            if !copies_in_place(g, assign_key, local) {
+                return Check::Differs;
+            }
         }
     }
     let sd = state_dict.as_ptr();
@@ -133,6 +192,11 @@ unsafe fn check<'py>(
     }
     let mut expected: ffi::Py_ssize_t = 0;
     for v in &plan.visits {
+        // A lookup in a set holding anything but exact strs may run code
+        // (an element's `__eq__`): then torch's code makes it, live.
+        if !crate::cpython::quiet::set(v.non_persistent) {
+            return Check::Differs;
+        }
         for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
             if !e.buffer.is_null() {
                 let non_persistent = match ffi::PySet_Contains(v.non_persistent, e.buffer) {
@@ -206,7 +270,10 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
         max_depth: 0,
     };
     let prefix = pyo3::types::PyString::new(py, "");
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::plan_parts::GcPause::new();
     let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
+    drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
@@ -230,7 +297,7 @@ unsafe fn plain_name(name: *mut ffi::PyObject, extra: *mut ffi::PyObject) -> boo
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's
 /// order; false where the load leaves what a plan can describe. Runs no
-/// Python code: only exact dicts, sets and strs are read.
+/// Python code: only quiet dicts and sets and exact strs are read.
 unsafe fn visit(
     g: &Globals,
     orig: &Originals,
@@ -266,13 +333,26 @@ unsafe fn visit(
     };
     let non_persistent =
         crate::plan_parts::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
-    if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
+    if non_persistent.is_null() || !crate::cpython::quiet::set(non_persistent) {
+        return false;
+    }
+    let Ok(metadata_key) = crate::names::name(crate::names::Kind::ButLast, prefix, prefix, || {
+        crate::state_dict::but_last(prefix)
+    }) else {
+        return false;
+    };
+    if ffi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
         return false;
     }
     let start = plan.entries.len() as u32;
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            // A name that is both a parameter and a buffer is one key of
+            // torch's `local_state` (quiet registries: no code runs).
+            if is_buffer && ffi::PyDict_Contains(checked.parameters(), name) != 0 {
+                return false;
+            }
             if value == ffi::Py_None() {
                 continue;
             }
@@ -300,6 +380,7 @@ unsafe fn visit(
         module: checked,
         hooks,
         non_persistent,
+        metadata_key: metadata_key.unbind(),
         entries: (start, plan.entries.len() as u32),
     });
     visit_children(

@@ -11,7 +11,10 @@
 //!   an exact `str`, compares keys without calling `__eq__`; an exact set
 //!   whose elements are all exact `str` likewise. Fast paths require it and
 //!   hand anything else to torch's own code.
+//! - [`str_keys`]: a dict whose keys are all exact `str`, by reading them
+//!   (any key-table kind; `OrderedDict` too).
 pub mod owned;
 pub mod quiet;
+pub mod str_keys;
 
 pub use owned::Owned;
