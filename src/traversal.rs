@@ -1686,6 +1686,20 @@ impl Drop for Depth {
     }
 }
 
+/// Is the instance dict `dict` quiet, and each registry it holds under
+/// `_parameters`, `_buffers`, `_modules` (read without running code)?
+unsafe fn quiet_with_registries(g: &Globals, dict: *mut ffi::PyObject) -> bool {
+    use crate::cpython::quiet;
+    let n = &g.names;
+    quiet::dict(dict)
+        && [n.parameters, n.buffers, n.modules]
+            .into_iter()
+            .all(|name| {
+                let r = ffi::PyDict_GetItemWithError(dict, name);
+                r.is_null() || quiet::dict(r)
+            })
+}
+
 /// `module.training = mode` as `Module.__setattr__` does it.
 fn set_training(
     py: Python<'_>,
@@ -1723,8 +1737,11 @@ fn set_training(
                 mode.as_ptr(),
             ) {
                 crate::register::Outcome::Done => {
+                    // Remembered only where the lookups remembering makes,
+                    // and those the next `set_training` skips (`"training"
+                    // in` each registry), run no code: stock makes them all.
                     let dict = instance_dict(module.as_ptr());
-                    if !dict.is_null() {
+                    if !dict.is_null() && quiet_with_registries(g, dict) {
                         crate::facts::note_training(g, tp, dict, name.as_ptr());
                     }
                     Ok(())
