@@ -122,23 +122,24 @@ enum Check<'py> {
 /// Would torch's `_load_from_state_dict` find no true
 /// `assign_to_params_buffers` in `local_metadata` (borrowed; null: absent,
 /// torch's fresh `{}`), read without running code? False where it cannot
-/// tell so (not a dict or `OrderedDict`, a key that is not an exact str).
+/// tell so (not a dict or `OrderedDict` with `dict`'s `get`, a key that is
+/// not an exact str).
 ///
 /// # Safety
 /// GIL held.
 pub(crate) unsafe fn copies_in_place(
+    py: Python<'_>,
     g: &Globals,
-    assign_key: *mut ffi::PyObject,
     local_metadata: *mut ffi::PyObject,
 ) -> bool {
     if local_metadata.is_null() {
         return true;
     }
-    let tp = ffi::Py_TYPE(local_metadata);
-    if tp != std::ptr::addr_of_mut!(ffi::PyDict_Type) && tp != g.odict {
-        return false;
-    }
-    if !crate::cpython::str_keys::all_str(local_metadata) {
+    let get = pyo3::intern!(py, "get").as_ptr();
+    let assign_key = pyo3::intern!(py, "assign_to_params_buffers").as_ptr();
+    if !crate::state_dict::plain_mapping(g, local_metadata, get)
+        || !crate::cpython::str_keys::all_str(local_metadata)
+    {
         return false;
     }
     // `dict.get` (`OrderedDict`'s is the same): only strs compared.
@@ -172,13 +173,12 @@ unsafe fn check<'py>(
         if !crate::cpython::str_keys::all_str(md) {
             return Check::Differs;
         }
-        let assign_key = pyo3::intern!(py, "assign_to_params_buffers").as_ptr();
         for v in &plan.visits {
             let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
             if local.is_null() && !ffi::PyErr_Occurred().is_null() {
                 return Check::Error(PyErr::fetch(py));
             }
-            if !copies_in_place(g, assign_key, local) {
+            if !copies_in_place(py, g, local) {
                 return Check::Differs;
             }
         }

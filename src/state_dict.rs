@@ -86,6 +86,29 @@ unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
     t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
 }
 
+/// Is `o` a dict or an `OrderedDict` whose method `name` (which torch's code
+/// calls as `o.<name>(...)`) is `dict`'s own, read without running code? An
+/// `OrderedDict` has an instance `__dict__`, where an attribute of that name
+/// would be what torch's call finds (the classes themselves are immutable).
+///
+/// # Safety
+/// GIL held; `name` an exact str.
+pub(crate) unsafe fn plain_mapping(
+    g: &Globals,
+    o: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> bool {
+    let t = ffi::Py_TYPE(o);
+    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) {
+        return true;
+    }
+    if t != g.odict {
+        return false;
+    }
+    let d = instance_dict(o);
+    d.is_null() || (crate::cpython::quiet::dict(d) && ffi::PyDict_Contains(d, name) == 0)
+}
+
 /// `load(module, state_dict)` of torch's `load_state_dict`, from the root
 /// (`fastmodule._core.load_tree`).
 #[pyfunction]
@@ -128,8 +151,9 @@ pub fn load_tree<'py>(
 }
 
 /// The plain case a recorded plan can load (crate::load_plan): nothing
-/// assigned, a dict or `OrderedDict`, metadata that is None or one of those,
-/// torch's swap flag off, no mode active.
+/// assigned, a dict or `OrderedDict`, metadata that is None or one of those
+/// (their `keys`/`get`, which torch calls, `dict`'s), torch's swap flag off,
+/// no mode active.
 fn plain_load(
     py: Python<'_>,
     g: &Globals,
@@ -137,9 +161,12 @@ fn plain_load(
     metadata: &Bound<'_, PyAny>,
     assigning: bool,
 ) -> PyResult<bool> {
+    // torch copies the dict with `OrderedDict(state_dict)`, which calls an
+    // `OrderedDict`'s `keys()`; its loads call the metadata's `get`.
     if assigning
-        || !unsafe { is_dict_or_odict(g, state_dict.as_ptr()) }
-        || !(metadata.is_none() || unsafe { is_dict_or_odict(g, metadata.as_ptr()) })
+        || !unsafe { plain_mapping(g, state_dict.as_ptr(), intern!(py, "keys").as_ptr()) }
+        || !(metadata.is_none()
+            || unsafe { plain_mapping(g, metadata.as_ptr(), intern!(py, "get").as_ptr()) })
     {
         return Ok(false);
     }
@@ -256,7 +283,7 @@ fn local_metadata<'py>(
     }
     let key = names::name(Kind::ButLast, prefix, prefix, || but_last(prefix))?;
     let md = ctx.metadata.as_ptr();
-    if unsafe { is_dict_or_odict(ctx.g, md) } && exact_str(&key) {
+    if exact_str(&key) && unsafe { plain_mapping(ctx.g, md, intern!(py, "get").as_ptr()) } {
         // `dict.get` (`OrderedDict`'s is the same): the very lookup torch's
         // `.get` makes, running what it runs; the value is ours at once.
         let v = unsafe { ffi::PyDict_GetItemWithError(md, key.as_ptr()) };
@@ -297,8 +324,8 @@ fn load<'py>(
     let in_place = !ctx.assigning
         && unsafe {
             crate::load_plan::copies_in_place(
+                py,
                 g,
-                intern!(py, "assign_to_params_buffers").as_ptr(),
                 md.as_ref().map_or(std::ptr::null_mut(), |m| m.as_ptr()),
             )
         };
@@ -458,7 +485,13 @@ fn build_buckets<'py>(
     prefix: &Bound<'py, PyAny>,
     children: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
-    if !exact_str(prefix) {
+    // A key that is not an exact str is torch's scan's to meet; checked
+    // first, by reading the table: iterating an `OrderedDict` looks each key
+    // up, which runs a colliding key's `__eq__`.
+    if !exact_str(prefix)
+        || (unsafe { ffi::PyDict_Check(local.as_ptr()) } != 0
+            && !unsafe { crate::cpython::str_keys::all_str(local.as_ptr()) })
+    {
         return Ok(None);
     }
     let mut names: Vec<Bound<'py, PyAny>> = Vec::new();
