@@ -28,6 +28,7 @@
 //! live path does (`crate::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
+use crate::callcache::dict_version;
 use crate::ffi_ext::type_lookup;
 use crate::plan_parts::{
     concat, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children, Checked, Table,
@@ -37,6 +38,7 @@ use crate::state::Globals;
 use crate::state_dict::{plain_copy, CopyPair};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use std::cell::Cell;
 
 struct Visit {
     module: Checked,
@@ -46,6 +48,9 @@ struct Visit {
     non_persistent: *mut ffi::PyObject,
     /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
     metadata_key: Py<PyAny>,
+    /// The local metadata the last full check found here (an exact dict or
+    /// null: absent) with its version (see `Plan::metadata_seen`).
+    local_seen: Cell<(*mut ffi::PyObject, u64)>,
     entries: (u32, u32),
 }
 
@@ -66,6 +71,12 @@ pub(crate) struct Plan {
     visits: Vec<Visit>,
     entries: Vec<Entry>,
     max_depth: u32,
+    /// The `_metadata` dict (address, version) whose local metadata the last
+    /// check found plain, every local one an exact dict or absent; (0, 0)
+    /// when none. While it and each `Visit::local_seen` keep their versions
+    /// (unique per change: a new binding or key is a new version), the
+    /// lookups would find the same, so they are not made again.
+    metadata_seen: Cell<(usize, u64)>,
 }
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
@@ -119,6 +130,22 @@ enum Check<'py> {
     Error(PyErr),
 }
 
+/// The interned names [`copies_in_place`] reads (borrowed, immortal by
+/// interning).
+pub(crate) struct AssignNames {
+    get: *mut ffi::PyObject,
+    assign: *mut ffi::PyObject,
+}
+
+impl AssignNames {
+    pub(crate) fn new(py: Python<'_>) -> AssignNames {
+        AssignNames {
+            get: pyo3::intern!(py, "get").as_ptr(),
+            assign: pyo3::intern!(py, "assign_to_params_buffers").as_ptr(),
+        }
+    }
+}
+
 /// Would torch's `_load_from_state_dict` find no true
 /// `assign_to_params_buffers` in `local_metadata` (borrowed; null: absent,
 /// torch's fresh `{}`), read without running code? False where it cannot
@@ -128,27 +155,78 @@ enum Check<'py> {
 /// # Safety
 /// GIL held.
 pub(crate) unsafe fn copies_in_place(
-    py: Python<'_>,
     g: &Globals,
+    names: &AssignNames,
     local_metadata: *mut ffi::PyObject,
 ) -> bool {
     if local_metadata.is_null() {
         return true;
     }
-    let get = pyo3::intern!(py, "get").as_ptr();
-    let assign_key = pyo3::intern!(py, "assign_to_params_buffers").as_ptr();
-    if !crate::state_dict::plain_mapping(g, local_metadata, get)
+    if !crate::state_dict::plain_mapping(g, local_metadata, names.get)
         || !crate::cpython::str_keys::all_str(local_metadata)
     {
         return false;
     }
-    // `dict.get` (`OrderedDict`'s is the same): only strs compared.
-    let v = ffi::PyDict_GetItemWithError(local_metadata, assign_key);
+    // `dict.get` (`OrderedDict`'s is the same): only strs compared, so
+    // nothing runs and nothing can fail.
+    let v = ffi::PyDict_GetItemWithError(local_metadata, names.assign);
     if v.is_null() {
-        ffi::PyErr_Clear();
-        return true;
+        return ffi::PyErr_Occurred().is_null();
     }
     v == ffi::Py_False()
+}
+
+/// Is `md` the `_metadata` dict `plan`'s last check found plain, with it and
+/// every local metadata dict unchanged since? Each local dict is held by
+/// `md`, unchanged.
+unsafe fn metadata_as_seen(plan: &Plan, md: *mut ffi::PyObject) -> bool {
+    plan.metadata_seen.get() == (md as usize, dict_version(md))
+        && plan.visits.iter().all(|v| {
+            let (local, version) = v.local_seen.get();
+            local.is_null() || dict_version(local) == version
+        })
+}
+
+/// Each module's `local_metadata` (`metadata.get(prefix[:-1], {})`) leaves
+/// `_load_from_state_dict` copying in place, read without running code.
+/// `md` is a dict or an `OrderedDict` with `dict`'s `get`.
+unsafe fn metadata_plain(
+    py: Python<'_>,
+    g: &Globals,
+    plan: &Plan,
+    md: *mut ffi::PyObject,
+) -> Result<bool, PyErr> {
+    if metadata_as_seen(plan, md) {
+        return Ok(true);
+    }
+    plan.metadata_seen.set((0, 0));
+    if !crate::cpython::str_keys::all_str(md) {
+        return Ok(false);
+    }
+    let names = AssignNames::new(py);
+    let mut exact = true;
+    for v in &plan.visits {
+        let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+        if local.is_null() && !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if !copies_in_place(g, &names, local) {
+            return Ok(false);
+        }
+        // An `OrderedDict`'s answer also depends on its instance `__dict__`:
+        // not remembered.
+        exact &= local.is_null() || ffi::PyDict_CheckExact(local) != 0;
+        let version = if local.is_null() {
+            0
+        } else {
+            dict_version(local)
+        };
+        v.local_seen.set((local, version));
+    }
+    if exact {
+        plan.metadata_seen.set((md as usize, dict_version(md)));
+    }
+    Ok(true)
 }
 
 unsafe fn check<'py>(
@@ -170,17 +248,10 @@ unsafe fn check<'py>(
     // checked the metadata is None, a dict or an `OrderedDict`).
     let md = metadata.as_ptr();
     if md != ffi::Py_None() {
-        if !crate::cpython::str_keys::all_str(md) {
-            return Check::Differs;
-        }
-        for v in &plan.visits {
-            let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
-            if local.is_null() && !ffi::PyErr_Occurred().is_null() {
-                return Check::Error(PyErr::fetch(py));
-            }
-            if !copies_in_place(py, g, local) {
-                return Check::Differs;
-            }
+        match metadata_plain(py, g, plan, md) {
+            Ok(true) => {}
+            Ok(false) => return Check::Differs,
+            Err(e) => return Check::Error(e),
         }
     }
     let sd = state_dict.as_ptr();
@@ -268,6 +339,7 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
         visits: Vec::new(),
         entries: Vec::new(),
         max_depth: 0,
+        metadata_seen: Cell::new((0, 0)),
     };
     let prefix = pyo3::types::PyString::new(py, "");
     // Nothing the recording allocates may run a finalizer meanwhile.
@@ -381,6 +453,7 @@ unsafe fn visit(
         hooks,
         non_persistent,
         metadata_key: metadata_key.unbind(),
+        local_seen: Cell::new((std::ptr::null_mut(), 0)),
         entries: (start, plan.entries.len() as u32),
     });
     visit_children(

@@ -324,8 +324,8 @@ fn load<'py>(
     let in_place = !ctx.assigning
         && unsafe {
             crate::load_plan::copies_in_place(
-                py,
                 g,
+                &crate::load_plan::AssignNames::new(py),
                 md.as_ref().map_or(std::ptr::null_mut(), |m| m.as_ptr()),
             )
         };

@@ -898,3 +898,59 @@ def test_replays_still_replay() -> None:
         m.load_state_dict(sd)
     after = [s()[1] for s in stats]
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def _metadata_edits(base: type[nn.Module]) -> Any:
+    torch.manual_seed(0)
+
+    class Leaf(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2))
+
+    class Net(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Leaf()
+            self.b = Leaf()
+
+    m = Net()
+    sd: Any = m.state_dict()
+    md = sd._metadata
+    calls: list[Any] = []
+
+    def get(k: Any, d: Any = None) -> Any:
+        calls.append(k)
+        return OrderedDict.get(local, k, d)
+
+    local = OrderedDict(md["b"])
+    edits = [
+        lambda: None,
+        lambda: None,
+        lambda: md["a"].__setitem__("assign_to_params_buffers", True),
+        lambda: md["a"].pop("assign_to_params_buffers"),
+        lambda: None,
+        lambda: md.__setitem__("b", {"assign_to_params_buffers": True}),
+        lambda: md.__setitem__("b", {"version": 1}),
+        lambda: None,
+        lambda: md.__setitem__("b", local),
+        lambda: None,
+        lambda: setattr(local, "get", get),
+        lambda: None,
+        lambda: md.__setitem__(colliding_key("a", calls), {}),
+        lambda: None,
+    ]
+    out = []
+    for edit in edits:
+        edit()
+        w = (m.a.w, m.b.w)
+        r = outcome(lambda: str(m.load_state_dict(sd)))
+        out.append((r, m.a.w is w[0], m.b.w is w[1]))
+    return out, len(calls)
+
+
+def test_load_replay_sees_metadata_edited_between_loads() -> None:
+    """The same dict loaded again after its ``_metadata`` (or a module's entry) was
+    edited: each load reads the metadata as it is then (the replay remembers only
+    what an unchanged dict version guarantees)."""
+    assert _metadata_edits(fastmodule.Module) == _metadata_edits(nn.Module)
