@@ -403,6 +403,14 @@ fn registry<'py>(
     Ok(instance_attr(module, name)?.filter(|d| d.is_exact_instance_of::<PyDict>()))
 }
 
+/// Do lookups by an exact str in `module`'s instance dict run no code?
+fn quiet_instance_dict(module: &Bound<'_, PyAny>) -> bool {
+    unsafe {
+        let d = crate::lookup::instance_dict(module.as_ptr());
+        !d.is_null() && crate::cpython::quiet::dict(d)
+    }
+}
+
 fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {
     unsafe { ffi::Py_TYPE(t.as_ptr()) == tp }
 }
@@ -414,6 +422,12 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
     }
     let (swap, overwrite) = ctx.flags(py)?;
     if swap || overwrite {
+        return delegate(py, ctx, module);
+    }
+    // Reading `_buffers` ahead of torch (which reads it after the parameters)
+    // and skipping its lookups are the same only in a dict whose lookups run
+    // no code.
+    if !quiet_instance_dict(module) {
         return delegate(py, ctx, module);
     }
     let (Some(params), Some(_)) = (
@@ -487,7 +501,13 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
         if buf.is_none() {
             continue;
         }
-        if known && exact(&buf, g.tensor) && ctx.unchanged(py, &buf)? {
+        // `self._buffers[key] = buf` rebinds an entry to its own value:
+        // unobservable while neither lookup can run code.
+        let quiet = quiet_instance_dict(module)
+            && it
+                .dict_state()
+                .is_some_and(|(d, _, _)| unsafe { crate::cpython::quiet::dict(d) });
+        if known && quiet && exact(&buf, g.tensor) && ctx.unchanged(py, &buf)? {
             continue;
         }
         let applied = ctx.fn_.call1((&buf,))?;

@@ -17,9 +17,13 @@
 //! base); the first difference hands the call to the live walk, which then
 //! records afresh. For `train`, the checks pass only if torch's walk would
 //! visit the same modules and find each `training` a bool (every visited
-//! module's `training` was `mode` when recorded): rebinding a bool in a dict
-//! runs no code, so checking everything first and then setting is the same as
-//! torch's interleaving. Setting the other mode updates the recorded
+//! module's `training` was `mode` when recorded): rebinding a bool in a
+//! quiet instance dict (`crate::cpython::quiet::dict`: required of every
+//! dict a plan reads when recorded, and kept while its version holds) runs
+//! no code, so checking everything first and then setting is the same as
+//! torch's interleaving. A dict with a key that compares with `__eq__` would
+//! run it during the set, while the replay holds the plan's borrowed
+//! pointers: such a tree is not recorded (`crate::plan_parts::Checked`). Setting the other mode updates the recorded
 //! versions, so an alternating `train()`/`eval()` keeps its plan. For
 //! `_apply`, the caller then asks of every tensor whether the conversion
 //! leaves it (and its grad) as it is, which reads but changes nothing: if all
@@ -92,8 +96,11 @@ pub fn replay_train(
     }
     for v in &plan.visits {
         // The live walk's fast `self.training = mode` (crate::facts): a
-        // rebinding of the dict entry; a shared module's later visits find
-        // `mode` already there and change nothing, as in torch.
+        // rebinding of the entry of a quiet dict, which runs no code (and
+        // frees nothing: the old value is a bool), so the next visit's
+        // borrowed module is still held by its parent's unchanged
+        // `_modules`; a shared module's later visits find `mode` already
+        // there and change nothing, as in torch.
         if unsafe { ffi::PyObject_GenericSetAttr(v.module.module, name.as_ptr(), mode) } < 0 {
             TABLE.forget(i);
             return Some(Err(PyErr::fetch(py)));
@@ -166,7 +173,10 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
     };
     let training = pyo3::intern!(py, "training").as_ptr();
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::plan_parts::GcPause::new();
     let ok = unsafe { visit(g, training, root, 0, &mut plan) };
+    drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
@@ -178,8 +188,10 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
 }
 
 /// Record `module`'s visit and its children's, in torch's order; false where
-/// the walk leaves what a plan can describe. Runs no Python code: only exact
-/// dicts are read, and children are compared by identity.
+/// the walk leaves what a plan can describe. Runs no Python code: only quiet
+/// dicts are read (`is_native` answers false for a dict that is not quiet,
+/// without a lookup; `Checked::read` requires them), and children are
+/// compared by identity.
 unsafe fn visit(
     g: &Globals,
     training: *mut ffi::PyObject,
@@ -218,7 +230,7 @@ unsafe fn visit(
         if ffi::PyDict_GetItemWithError(checked.seen.dict, training) != plan.mode {
             return false;
         }
-        // Exact dicts with str keys (`training`'s hash is cached): no code runs.
+        // Quiet dicts (`Checked::read`): no code runs.
         if checked
             .regs
             .iter()

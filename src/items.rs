@@ -43,24 +43,32 @@ impl Items {
         let py = module.py();
         unsafe {
             let m = module.as_ptr();
-            match plain_attr(ffi::Py_TYPE(m), instance_dict(m), registry.as_ptr()) {
-                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
-                    let used = ma_used(d);
-                    return Ok(Items::Dict {
-                        dict: Bound::from_borrowed_ptr(py, d).unbind(),
-                        pos: 0,
-                        used,
-                        left: used,
-                    });
+            let dict = instance_dict(m);
+            // Read natively (and possibly remembered) only from a dict whose
+            // lookups run no code; any other is read below as torch reads it,
+            // the lookup made (and its `__eq__` calls run) on every walk.
+            if !dict.is_null() && crate::cpython::quiet::dict(dict) {
+                match plain_attr(ffi::Py_TYPE(m), dict, registry.as_ptr()) {
+                    Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+                        let used = ma_used(d);
+                        return Ok(Items::Dict {
+                            dict: Bound::from_borrowed_ptr(py, d).unbind(),
+                            pos: 0,
+                            used,
+                            left: used,
+                        });
+                    }
+                    Plain::Error => return Err(PyErr::fetch(py)),
+                    _ => {}
                 }
-                Plain::Error => return Err(PyErr::fetch(py)),
-                _ => {}
             }
         }
-        let it = module
-            .getattr(registry)?
-            .call_method0(intern!(py, "items"))?
-            .try_iter()?;
+        let reg = module.getattr(registry)?;
+        if reg.is_exact_instance_of::<pyo3::types::PyDict>() {
+            // `dict.items()` iterated as CPython's iterator does.
+            return Ok(Items::of_dict(&reg));
+        }
+        let it = reg.call_method0(intern!(py, "items"))?.try_iter()?;
         Ok(Items::Iter(it.unbind()))
     }
 

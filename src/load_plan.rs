@@ -9,20 +9,26 @@
 //! classes, the instance dicts, their registries and each
 //! `_non_persistent_buffers_set`. A plan lists the visits of such a tree with
 //! those objects and versions, and every parameter and buffer with its full
-//! key (names without `.`, none called `_extra_state`, so a key is expected
-//! exactly where torch's scan would accept it).
+//! key (names without `.`, none called `_extra_state`, none both a parameter
+//! and a buffer, so a key is expected exactly where torch's scan would accept
+//! it and torch's `local_state` has one entry per key).
 //!
-//! A replay first checks, without changing anything: every visit (as in
-//! `crate::eager_plans`, plus the hook dicts' sizes, which change without
-//! the instance dict); every buffer's persistence; that the given dict has
-//! only exact str keys, exactly as many as the expected keys, and all of
-//! them (so no key is missing or unexpected anywhere); and each pair's
-//! types, shapes and `is_meta` (`crate::state_dict::plain_copy`, the live
-//! path's test). Any difference hands the call to the live walk, which then
-//! records afresh. Then the caller copies each pair in torch's order, as the
+//! A replay first checks, without changing anything and without running
+//! code: every visit (as in `crate::eager_plans`, plus the hook dicts' sizes,
+//! which change without the instance dict); every buffer's persistence, in a
+//! `_non_persistent_buffers_set` of exact strs (its contents change without
+//! any version, so this is checked on every call); each module's local
+//! metadata (`metadata.get(prefix[:-1])`: absent, or a dict without a true
+//! `assign_to_params_buffers`, read only where every key is an exact str);
+//! that the given dict has only exact str keys, exactly as many as the
+//! expected keys, and all of them (so no key is missing or unexpected
+//! anywhere); and each pair's types, shapes and `is_meta`
+//! (`crate::state_dict::plain_copy`, the live path's test). Any difference
+//! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
 //! live path does (`crate::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
+use crate::callcache::dict_version;
 use crate::ffi_ext::type_lookup;
 use crate::plan_parts::{
     concat, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children, Checked, Table,
@@ -32,6 +38,7 @@ use crate::state::Globals;
 use crate::state_dict::{plain_copy, CopyPair};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use std::cell::Cell;
 
 struct Visit {
     module: Checked,
@@ -39,6 +46,11 @@ struct Visit {
     hooks: [*mut ffi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set).
     non_persistent: *mut ffi::PyObject,
+    /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
+    metadata_key: Py<PyAny>,
+    /// The local metadata the last full check found here (an exact dict or
+    /// null: absent) with its version (see `Plan::metadata_seen`).
+    local_seen: Cell<(*mut ffi::PyObject, u64)>,
     entries: (u32, u32),
 }
 
@@ -59,6 +71,12 @@ pub(crate) struct Plan {
     visits: Vec<Visit>,
     entries: Vec<Entry>,
     max_depth: u32,
+    /// The `_metadata` dict (address, version) whose local metadata the last
+    /// check found plain, every local one an exact dict or absent; (0, 0)
+    /// when none. While it and each `Visit::local_seen` keep their versions
+    /// (unique per change: a new binding or key is a new version), the
+    /// lookups would find the same, so they are not made again.
+    metadata_seen: Cell<(usize, u64)>,
 }
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
@@ -74,18 +92,20 @@ pub struct Originals {
 /// key missing or unexpected, every pair torch's common case), None when the
 /// caller must walk live (nothing was done). `state_dict` is a dict or
 /// `OrderedDict`; the caller checked that nothing is assigned, the metadata
-/// is None or a plain dict, torch's `swap_tensors` flag is off and no mode is
-/// active, and makes the copies (`crate::state_dict::load_replay`).
+/// is None or a dict or `OrderedDict`, torch's `swap_tensors` flag is off
+/// and no mode is active, and makes the copies
+/// (`crate::state_dict::load_replay`).
 pub fn replay<'py>(
     py: Python<'py>,
     g: &Globals,
     root: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
 ) -> Option<PyResult<Vec<CopyPair<'py>>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
     let gc = crate::plan_parts::GcPause::new();
-    let checked = unsafe { check(py, g, &plan, state_dict) };
+    let checked = unsafe { check(py, g, &plan, state_dict, metadata) };
     drop(gc);
     let pairs = match checked {
         Check::Pairs(p) => p,
@@ -110,11 +130,111 @@ enum Check<'py> {
     Error(PyErr),
 }
 
+/// The interned names [`copies_in_place`] reads (borrowed, immortal by
+/// interning).
+pub(crate) struct AssignNames {
+    get: *mut ffi::PyObject,
+    assign: *mut ffi::PyObject,
+}
+
+impl AssignNames {
+    pub(crate) fn new(py: Python<'_>) -> AssignNames {
+        AssignNames {
+            get: pyo3::intern!(py, "get").as_ptr(),
+            assign: pyo3::intern!(py, "assign_to_params_buffers").as_ptr(),
+        }
+    }
+}
+
+/// Would torch's `_load_from_state_dict` find no true
+/// `assign_to_params_buffers` in `local_metadata` (borrowed; null: absent,
+/// torch's fresh `{}`), read without running code? False where it cannot
+/// tell so (not a dict or `OrderedDict` with `dict`'s `get`, a key that is
+/// not an exact str).
+///
+/// # Safety
+/// GIL held.
+pub(crate) unsafe fn copies_in_place(
+    g: &Globals,
+    names: &AssignNames,
+    local_metadata: *mut ffi::PyObject,
+) -> bool {
+    if local_metadata.is_null() {
+        return true;
+    }
+    if !crate::state_dict::plain_mapping(g, local_metadata, names.get)
+        || !crate::cpython::str_keys::all_str(local_metadata)
+    {
+        return false;
+    }
+    // `dict.get` (`OrderedDict`'s is the same): only strs compared, so
+    // nothing runs and nothing can fail.
+    let v = ffi::PyDict_GetItemWithError(local_metadata, names.assign);
+    if v.is_null() {
+        return ffi::PyErr_Occurred().is_null();
+    }
+    v == ffi::Py_False()
+}
+
+/// Is `md` the `_metadata` dict `plan`'s last check found plain, with it and
+/// every local metadata dict unchanged since? Each local dict is held by
+/// `md`, unchanged.
+unsafe fn metadata_as_seen(plan: &Plan, md: *mut ffi::PyObject) -> bool {
+    plan.metadata_seen.get() == (md as usize, dict_version(md))
+        && plan.visits.iter().all(|v| {
+            let (local, version) = v.local_seen.get();
+            local.is_null() || dict_version(local) == version
+        })
+}
+
+/// Each module's `local_metadata` (`metadata.get(prefix[:-1], {})`) leaves
+/// `_load_from_state_dict` copying in place, read without running code.
+/// `md` is a dict or an `OrderedDict` with `dict`'s `get`.
+unsafe fn metadata_plain(
+    py: Python<'_>,
+    g: &Globals,
+    plan: &Plan,
+    md: *mut ffi::PyObject,
+) -> Result<bool, PyErr> {
+    if metadata_as_seen(plan, md) {
+        return Ok(true);
+    }
+    plan.metadata_seen.set((0, 0));
+    if !crate::cpython::str_keys::all_str(md) {
+        return Ok(false);
+    }
+    let names = AssignNames::new(py);
+    let mut exact = true;
+    for v in &plan.visits {
+        let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+        if local.is_null() && !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if !copies_in_place(g, &names, local) {
+            return Ok(false);
+        }
+        // An `OrderedDict`'s answer also depends on its instance `__dict__`:
+        // not remembered.
+        exact &= local.is_null() || ffi::PyDict_CheckExact(local) != 0;
+        let version = if local.is_null() {
+            0
+        } else {
+            dict_version(local)
+        };
+        v.local_seen.set((local, version));
+    }
+    if exact {
+        plan.metadata_seen.set((md as usize, dict_version(md)));
+    }
+    Ok(true)
+}
+
 unsafe fn check<'py>(
     py: Python<'py>,
     g: &Globals,
     plan: &Plan,
     state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
 ) -> Check<'py> {
     if !room_for(plan.max_depth) {
         return Check::Differs;
@@ -122,6 +242,16 @@ unsafe fn check<'py>(
     for v in &plan.visits {
         if !v.module.holds() || !hooks_empty(g, &v.hooks) {
             return Check::Stale;
+        }
+    }
+    // Each module's `local_metadata`, as torch's `load` gets it (the caller
+    // checked the metadata is None, a dict or an `OrderedDict`).
+    let md = metadata.as_ptr();
+    if md != ffi::Py_None() {
+        match metadata_plain(py, g, plan, md) {
+            Ok(true) => {}
+            Ok(false) => return Check::Differs,
+            Err(e) => return Check::Error(e),
         }
     }
     let sd = state_dict.as_ptr();
@@ -133,6 +263,11 @@ unsafe fn check<'py>(
     }
     let mut expected: ffi::Py_ssize_t = 0;
     for v in &plan.visits {
+        // A lookup in a set holding anything but exact strs may run code
+        // (an element's `__eq__`): then torch's code makes it, live.
+        if !crate::cpython::quiet::set(v.non_persistent) {
+            return Check::Differs;
+        }
         for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
             if !e.buffer.is_null() {
                 let non_persistent = match ffi::PySet_Contains(v.non_persistent, e.buffer) {
@@ -204,9 +339,13 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
         visits: Vec::new(),
         entries: Vec::new(),
         max_depth: 0,
+        metadata_seen: Cell::new((0, 0)),
     };
     let prefix = pyo3::types::PyString::new(py, "");
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::plan_parts::GcPause::new();
     let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
+    drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
@@ -230,7 +369,7 @@ unsafe fn plain_name(name: *mut ffi::PyObject, extra: *mut ffi::PyObject) -> boo
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's
 /// order; false where the load leaves what a plan can describe. Runs no
-/// Python code: only exact dicts, sets and strs are read.
+/// Python code: only quiet dicts and sets and exact strs are read.
 unsafe fn visit(
     g: &Globals,
     orig: &Originals,
@@ -266,13 +405,26 @@ unsafe fn visit(
     };
     let non_persistent =
         crate::plan_parts::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
-    if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
+    if non_persistent.is_null() || !crate::cpython::quiet::set(non_persistent) {
+        return false;
+    }
+    let Ok(metadata_key) = crate::names::name(crate::names::Kind::ButLast, prefix, prefix, || {
+        crate::state_dict::but_last(prefix)
+    }) else {
+        return false;
+    };
+    if ffi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
         return false;
     }
     let start = plan.entries.len() as u32;
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            // A name that is both a parameter and a buffer is one key of
+            // torch's `local_state` (quiet registries: no code runs).
+            if is_buffer && ffi::PyDict_Contains(checked.parameters(), name) != 0 {
+                return false;
+            }
             if value == ffi::Py_None() {
                 continue;
             }
@@ -300,6 +452,8 @@ unsafe fn visit(
         module: checked,
         hooks,
         non_persistent,
+        metadata_key: metadata_key.unbind(),
+        local_seen: Cell::new((std::ptr::null_mut(), 0)),
         entries: (start, plan.entries.len() as u32),
     });
     visit_children(

@@ -124,7 +124,11 @@ pub struct Checked {
 impl Checked {
     /// `module` now, when a plan can depend on it: an exact instance dict
     /// holding the three registries as exact dicts, found as plain entries
-    /// (the class has no attribute of those names).
+    /// (the class has no attribute of those names), all four quiet
+    /// (`crate::cpython::quiet::dict`: a lookup by an exact str runs no
+    /// code). A replay skips torch's lookups in them (`"training" in
+    /// self._parameters`, `name in self._modules`), the same only while
+    /// those run no code; each stays quiet while its version is unchanged.
     pub unsafe fn read(g: &Globals, module: *mut ffi::PyObject) -> Option<Checked> {
         let seen = seen_now(module)?;
         let tp = ffi::Py_TYPE(module);
@@ -132,7 +136,7 @@ impl Checked {
         let mut regs = [(std::ptr::null_mut(), 0); 3];
         for (slot, name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
             let r = dict_entry(tp, seen.dict, name);
-            if r.is_null() || ffi::PyDict_CheckExact(r) == 0 {
+            if r.is_null() || !crate::cpython::quiet::dict(r) {
                 return None;
             }
             *slot = (r, dict_version(r));

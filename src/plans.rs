@@ -44,11 +44,18 @@ pub enum NodeKind {
 pub type Seen = Key;
 
 /// `module`'s class and instance dict now; None when a plan cannot depend on
-/// them (no version tag, no exact instance dict).
+/// them (no version tag, no exact instance dict, or one whose lookups may
+/// run code).
+///
+/// A replay skips the instance-dict lookups torch's code makes (`self._modules`,
+/// `child.named_modules`, ...), which is the same only while they run no code:
+/// the dict must be quiet (`crate::cpython::quiet::dict`). It stays quiet
+/// while its version is unchanged (a non-str key is an insertion), which
+/// every replay checks before trusting a node.
 #[inline(always)]
 pub unsafe fn seen_now(module: *mut ffi::PyObject) -> Option<Seen> {
     let dict = instance_dict(module);
-    if dict.is_null() || ffi::PyDict_CheckExact(dict) == 0 {
+    if dict.is_null() || !crate::cpython::quiet::dict(dict) {
         return None;
     }
     Key::now(ffi::Py_TYPE(module), dict)

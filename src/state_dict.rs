@@ -12,13 +12,18 @@
 //! plain `str`.
 //!
 //! `_load_from_state_dict` runs natively for a module whose class resolves it
-//! (and `set_extra_state`) to torch's, without load pre-hooks, `assign`, the
-//! swap-tensors flag or an active torch-function/dispatch mode, with exact
-//! registries, and where every entry to copy is an exact tensor of the same
-//! shape as a non-meta exact parameter or buffer. It then does what torch's
-//! code does in that case: `param.copy_(input)` under `no_grad`, missing and
-//! unexpected keys in torch's order. Anything else calls the module's own
-//! `_load_from_state_dict`, before anything of it was touched.
+//! (and `set_extra_state`) to torch's, without load pre-hooks, `assign` (the
+//! argument, or a true `assign_to_params_buffers` in its local metadata),
+//! the swap-tensors flag or an active torch-function/dispatch mode, with
+//! exact registries, and where every entry to copy is an exact tensor of the
+//! same shape as a non-meta exact parameter or buffer. It then does what
+//! torch's code does in that case: `param.copy_(input)` under `no_grad`,
+//! missing and unexpected keys in torch's order. Everything it reads before
+//! deciding is read without running code (quiet dicts and sets, exact str
+//! keys), so the decision is unobservable; anything else calls the module's
+//! own `_load_from_state_dict`, before anything of it was touched, from a
+//! frame that reads as torch's `load` (see `fastmodule.loading`), so that
+//! what it warns with `stacklevel=2` is attributed as in torch.
 use crate::items::Items;
 use crate::lookup::{data_attr, exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
 use crate::names::{self, Kind};
@@ -38,6 +43,10 @@ struct Config {
     incompatible_keys: Py<PyAny>,
     /// `copy_error(key, param, input, exc) -> str`: torch's message.
     copy_error: Py<PyAny>,
+    /// `load_call(module, state_dict, prefix, local_metadata, strict,
+    /// missing, unexpected, errors)`: `module._load_from_state_dict(...)`
+    /// called from a frame with torch's file, globals and line.
+    load_call: Py<PyAny>,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -54,6 +63,7 @@ pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
         set_extra_state: get("set_extra_state")?,
         incompatible_keys: get("incompatible_keys")?,
         copy_error: get("copy_error")?,
+        load_call: get("load_call")?,
     };
     let _ = CONFIG.set(c);
     Ok(())
@@ -74,6 +84,29 @@ struct Ctx<'py> {
 unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
     let t = ffi::Py_TYPE(o);
     t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
+}
+
+/// Is `o` a dict or an `OrderedDict` whose method `name` (which torch's code
+/// calls as `o.<name>(...)`) is `dict`'s own, read without running code? An
+/// `OrderedDict` has an instance `__dict__`, where an attribute of that name
+/// would be what torch's call finds (the classes themselves are immutable).
+///
+/// # Safety
+/// GIL held; `name` an exact str.
+pub(crate) unsafe fn plain_mapping(
+    g: &Globals,
+    o: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+) -> bool {
+    let t = ffi::Py_TYPE(o);
+    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) {
+        return true;
+    }
+    if t != g.odict {
+        return false;
+    }
+    let d = instance_dict(o);
+    d.is_null() || (crate::cpython::quiet::dict(d) && ffi::PyDict_Contains(d, name) == 0)
 }
 
 /// `load(module, state_dict)` of torch's `load_state_dict`, from the root
@@ -118,8 +151,9 @@ pub fn load_tree<'py>(
 }
 
 /// The plain case a recorded plan can load (crate::load_plan): nothing
-/// assigned, a dict or `OrderedDict`, metadata that is None or one of those,
-/// torch's swap flag off, no mode active.
+/// assigned, a dict or `OrderedDict`, metadata that is None or one of those
+/// (their `keys`/`get`, which torch calls, `dict`'s), torch's swap flag off,
+/// no mode active.
 fn plain_load(
     py: Python<'_>,
     g: &Globals,
@@ -127,9 +161,12 @@ fn plain_load(
     metadata: &Bound<'_, PyAny>,
     assigning: bool,
 ) -> PyResult<bool> {
+    // torch copies the dict with `OrderedDict(state_dict)`, which calls an
+    // `OrderedDict`'s `keys()`; its loads call the metadata's `get`.
     if assigning
-        || !unsafe { is_dict_or_odict(g, state_dict.as_ptr()) }
-        || !(metadata.is_none() || unsafe { is_dict_or_odict(g, metadata.as_ptr()) })
+        || !unsafe { plain_mapping(g, state_dict.as_ptr(), intern!(py, "keys").as_ptr()) }
+        || !(metadata.is_none()
+            || unsafe { plain_mapping(g, metadata.as_ptr(), intern!(py, "get").as_ptr()) })
     {
         return Ok(false);
     }
@@ -157,7 +194,7 @@ pub fn load_replay<'py>(
     if !plain_load(py, g, state_dict, metadata, assign.is_truthy()?)? {
         return Ok(false);
     }
-    match crate::load_plan::replay(py, g, module, state_dict) {
+    match crate::load_plan::replay(py, g, module, state_dict, metadata) {
         Some(copies) => copy_all(py, cfg, errors, &copies?).map(|()| true),
         None => Ok(false),
     }
@@ -234,18 +271,33 @@ pub(crate) fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, P
     }
 }
 
-/// `{} if metadata is None else metadata.get(prefix[:-1], {})`.
+/// `{} if metadata is None else metadata.get(prefix[:-1], {})`, where None
+/// stands for torch's fresh `{}` (built only if torch's code receives it).
 fn local_metadata<'py>(
     py: Python<'py>,
     ctx: &Ctx<'py>,
     prefix: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     if ctx.metadata.is_none() {
-        return Ok(PyDict::new(py).into_any());
+        return Ok(None);
     }
-    let key = but_last(prefix)?;
+    let key = names::name(Kind::ButLast, prefix, prefix, || but_last(prefix))?;
+    let md = ctx.metadata.as_ptr();
+    if exact_str(&key) && unsafe { plain_mapping(ctx.g, md, intern!(py, "get").as_ptr()) } {
+        // `dict.get` (`OrderedDict`'s is the same): the very lookup torch's
+        // `.get` makes, running what it runs; the value is ours at once.
+        let v = unsafe { ffi::PyDict_GetItemWithError(md, key.as_ptr()) };
+        if v.is_null() {
+            if let Some(e) = PyErr::take(py) {
+                return Err(e);
+            }
+            return Ok(None);
+        }
+        return Ok(Some(unsafe { Bound::from_borrowed_ptr(py, v) }));
+    }
     ctx.metadata
         .call_method1(intern!(py, "get"), (key, PyDict::new(py)))
+        .map(Some)
 }
 
 fn load<'py>(
@@ -257,33 +309,41 @@ fn load<'py>(
 ) -> PyResult<()> {
     let _depth = Depth::enter(py, Recursion::Python)?;
     let g = ctx.g;
-    // A plain dict's `.get` runs no code: it can wait until torch's code needs it.
-    let lazy = ctx.metadata.is_none() || unsafe { is_dict_or_odict(g, ctx.metadata.as_ptr()) };
-    let mut md = None;
-    if !lazy || ctx.assigning {
-        let m = local_metadata(py, ctx, prefix)?;
-        if ctx.assigning {
-            m.set_item(intern!(py, "assign_to_params_buffers"), &ctx.assign)?;
-        }
+    let mut md = local_metadata(py, ctx, prefix)?;
+    if ctx.assigning {
+        let m = match md {
+            Some(m) => m,
+            None => PyDict::new(py).into_any(),
+        };
+        m.set_item(intern!(py, "assign_to_params_buffers"), &ctx.assign)?;
         md = Some(m);
     }
-    if ctx.assigning || !native_load_from_state_dict(py, ctx, module, local, prefix)? {
+    // What torch's `_load_from_state_dict` reads of the local metadata
+    // (`assign_to_params_buffers`), read without running code: anything
+    // but absent or False is torch's code's to act on.
+    let in_place = !ctx.assigning
+        && unsafe {
+            crate::load_plan::copies_in_place(
+                g,
+                &crate::load_plan::AssignNames::new(py),
+                md.as_ref().map_or(std::ptr::null_mut(), |m| m.as_ptr()),
+            )
+        };
+    if !in_place || !native_load_from_state_dict(py, ctx, module, local, prefix)? {
         let md = match md {
             Some(m) => m,
-            None => local_metadata(py, ctx, prefix)?,
+            None => PyDict::new(py).into_any(),
         };
-        module.call_method1(
-            intern!(py, "_load_from_state_dict"),
-            (
-                local,
-                prefix,
-                md,
-                true,
-                &ctx.missing,
-                &ctx.unexpected,
-                &ctx.errors,
-            ),
-        )?;
+        ctx.cfg.load_call.bind(py).call1((
+            module,
+            local,
+            prefix,
+            md,
+            true,
+            &ctx.missing,
+            &ctx.unexpected,
+            &ctx.errors,
+        ))?;
     }
     load_children(py, ctx, module, local, prefix)?;
     // The post-hooks, with the live key lists.
@@ -321,9 +381,18 @@ fn load_children<'py>(
     local: &Bound<'py, PyAny>,
     prefix: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
-    let modules_name = intern!(py, "_modules");
-    let children = module.getattr(modules_name)?;
-    let mut items = Items::of(module, modules_name)?;
+    // `module._modules.items()`: one read of `_modules`, as torch's.
+    let children = module.getattr(intern!(py, "_modules"))?;
+    let mut items = if exact_dict(&children) {
+        Items::of_dict(&children)
+    } else {
+        Items::Iter(
+            children
+                .call_method0(intern!(py, "items"))?
+                .try_iter()?
+                .unbind(),
+        )
+    };
     let mut buckets: Option<Bound<'py, PyDict>> = None;
     let mut seen: Option<(Version, Version)> = None;
     let dot = intern!(py, ".");
@@ -416,7 +485,13 @@ fn build_buckets<'py>(
     prefix: &Bound<'py, PyAny>,
     children: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
-    if !exact_str(prefix) {
+    // A key that is not an exact str is torch's scan's to meet; checked
+    // first, by reading the table: iterating an `OrderedDict` looks each key
+    // up, which runs a colliding key's `__eq__`.
+    if !exact_str(prefix)
+        || (unsafe { ffi::PyDict_Check(local.as_ptr()) } != 0
+            && !unsafe { crate::cpython::str_keys::all_str(local.as_ptr()) })
+    {
         return Ok(None);
     }
     let mut names: Vec<Bound<'py, PyAny>> = Vec::new();
@@ -556,8 +631,13 @@ fn native_allowed<'py>(
         {
             return Ok(false);
         }
+        // Every read below, and the native body's, is a lookup by an exact
+        // str in this dict: none may run code (torch's code makes them).
         let d = instance_dict(m);
-        if !d.is_null() && ffi::PyDict_Contains(d, lfsd.as_ptr()) != 0 {
+        if d.is_null()
+            || !crate::cpython::quiet::dict(d)
+            || ffi::PyDict_Contains(d, lfsd.as_ptr()) != 0
+        {
             return Ok(false);
         }
     }
@@ -597,11 +677,17 @@ fn native_load_from_state_dict<'py>(
     ) else {
         return Ok(false);
     };
-    if !exact_dict(&params)
-        || !exact_dict(&buffers)
-        || !exact_dict(&modules)
-        || unsafe { ffi::PySet_CheckExact(non_persistent.as_ptr()) } == 0
-    {
+    // Quiet registries, set and dict (torch's `in` tests and lookups in them
+    // run no code), and exact str names: nothing below runs code before the
+    // copies, so handing over to torch's code up to there is unobservable.
+    let quiet = unsafe {
+        crate::cpython::quiet::dict(params.as_ptr())
+            && crate::cpython::quiet::dict(buffers.as_ptr())
+            && crate::cpython::quiet::dict(modules.as_ptr())
+            && crate::cpython::quiet::set(non_persistent.as_ptr())
+            && crate::cpython::str_keys::all_str(local.as_ptr())
+    };
+    if !quiet {
         return Ok(false);
     }
     let non_persistent = non_persistent.cast::<PySet>()?;

@@ -20,8 +20,13 @@
 //! Python code, and the cyclic GC is paused meanwhile so that no finalizer
 //! can either; so checking everything first is the same as torch's
 //! interleaving. (`detach` releases the GIL: the replay holds its own
-//! references to the plan and to every object it reads from then on.) The non-persistent sets are read as the walk goes, as torch
-//! does (their contents change without any version).
+//! references to the plan and to every object it reads from then on.) The
+//! non-persistent sets are read as the walk goes, as torch does (their
+//! contents change without any version), each only while it holds exact
+//! strs alone (`crate::cpython::quiet::set`: else a lookup runs an
+//! element's `__eq__`, which may change what torch's walk reads next); one
+//! that does not, even one changed by another thread while `detach` let it
+//! run, sends the call to the live walk, the replay's work dropped unseen.
 use crate::ffi_ext::type_lookup;
 use crate::lookup::{plain_attr, Plain};
 use crate::plan_parts::{
@@ -123,7 +128,13 @@ pub fn replay<'py>(
         TABLE.forget(i);
         return None;
     }
-    TABLE.note_replay();
+    // A set whose lookups may run code: torch's walk runs it, live (the plan
+    // still holds).
+    if !plan.visits.iter().all(|v| {
+        v.non_persistent.is_null() || unsafe { crate::cpython::quiet::set(v.non_persistent) }
+    }) {
+        return None;
+    }
     // Our own references, taken before anything can run: `detach` releases
     // the GIL, and another thread may then change the tree (its changes come
     // after this call's reads, as one of the orders torch's walk allows) or
@@ -149,16 +160,24 @@ pub fn replay<'py>(
     let out = unsafe { build(py, g, &plan, keep) };
     drop(gc);
     drop(held);
-    Some(out)
+    match out {
+        Ok(Some(d)) => {
+            TABLE.note_replay();
+            Some(Ok(d))
+        }
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
 }
 
-/// The state dict the checked plan describes.
+/// The state dict the checked plan describes; None when a
+/// non-persistent set stopped being quiet (nothing observable was done).
 unsafe fn build<'py>(
     py: Python<'py>,
     g: &Globals,
     plan: &Plan,
     keep: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let odict = Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject);
     let destination = odict.call0()?;
     let metadata = odict.call0()?;
@@ -171,6 +190,11 @@ unsafe fn build<'py>(
         metadata.set_item(v.metadata_key.bind(py), local)?;
         for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
             if !e.buffer.is_null() {
+                // Checked at each lookup: `detach` may have let another
+                // thread run since the last.
+                if !crate::cpython::quiet::set(v.non_persistent) {
+                    return Ok(None);
+                }
                 match ffi::PySet_Contains(v.non_persistent, e.buffer) {
                     0 => {}
                     1 => continue,
@@ -182,7 +206,7 @@ unsafe fn build<'py>(
             destination.set_item(e.key.bind(py), value)?;
         }
     }
-    Ok(destination)
+    Ok(Some(destination))
 }
 
 /// After a live `root.state_dict(prefix=prefix)` with no destination
@@ -202,7 +226,10 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
         entries: Vec::new(),
         max_depth: 0,
     };
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::plan_parts::GcPause::new();
     let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
+    drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { ffi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
@@ -215,7 +242,8 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's
 /// order; false where the walk leaves what a plan can describe. Runs no
-/// Python code: only exact dicts and strs are read.
+/// Python code: only quiet dicts and exact strs are read (`is_native`
+/// answers false for a dict that is not quiet, without a lookup).
 unsafe fn visit(
     g: &Globals,
     module: &Bound<'_, PyAny>,

@@ -179,6 +179,12 @@ pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
         if d.is_null() {
             return true;
         }
+        // A lookup in a dict whose keys compare with `__eq__` runs code (and
+        // may fail): then the caller calls the method through Python, whose
+        // attribute lookup is torch's own, made once, as torch makes it.
+        if !crate::cpython::quiet::dict(d) {
+            return false;
+        }
         let version = crate::callcache::dict_version(d);
         if ffi::PyDict_Contains(d, e.name) != 0 {
             return false;
@@ -333,6 +339,9 @@ enum Phase {
 /// A `named_modules` walk replaying a plan (see `crate::plans`).
 struct Replay {
     plan: Arc<Plan>,
+    /// The root (the plan's pointer to it is borrowed): held from the
+    /// walk's creation, as the live walker's first frame holds it.
+    root: Py<PyAny>,
     /// The next node to take.
     next: usize,
     shadow: Vec<Shadow>,
@@ -419,6 +428,7 @@ impl NamedModules {
                 let held = Vec::with_capacity(plan.nodes.len());
                 walker.replay = Some(Box::new(Replay {
                     plan,
+                    root: module.clone().unbind(),
                     next: 1,
                     shadow: Vec::new(),
                     held,
@@ -488,10 +498,10 @@ impl NamedModules {
                 match r.phase {
                     Phase::Start => {
                         let root = &plan.nodes[0];
-                        if !identity_hashed(root.module) {
+                        let m = r.root.bind(py).clone();
+                        if !identity_hashed(m.as_ptr()) {
                             break;
                         }
-                        let m = Bound::from_borrowed_ptr(py, root.module);
                         r.held.push(m.clone().unbind());
                         r.phase = Phase::After(0);
                         let prefix = match &root.prefix {
@@ -662,11 +672,21 @@ impl NamedModules {
                     if let Some(rec) = self.rec.as_mut() {
                         match (items.dict_state(), top.node) {
                             (Some((d, _, used)), node) if node != NO_NODE => {
-                                rec.plan.nodes[node as usize].mods = Reg {
-                                    dict: d,
-                                    version: unsafe { crate::callcache::dict_version(d) },
-                                    used,
-                                };
+                                let n = &mut rec.plan.nodes[node as usize];
+                                // Code ran while the module was yielded: the
+                                // registry is kept only if it came from the
+                                // instance dict the node recorded, unchanged
+                                // (which then holds it while a replay finds
+                                // that dict unchanged).
+                                if unsafe { plans::holds(&n.seen, module.as_ptr()) } {
+                                    n.mods = Reg {
+                                        dict: d,
+                                        version: unsafe { crate::callcache::dict_version(d) },
+                                        used,
+                                    };
+                                } else {
+                                    rec.ok = false;
+                                }
                             }
                             _ => rec.ok = false,
                         }
@@ -825,6 +845,7 @@ impl NamedModules {
             }
         }
         if let Some(r) = &self.replay {
+            visit.call(&r.root)?;
             for o in &r.held {
                 visit.call(o)?;
             }
@@ -1108,7 +1129,13 @@ impl NamedMembers {
         };
         if let (Some(j), Some(rec)) = (recording, recorder(&mut self.source)) {
             match it.dict_state() {
-                Some((d, _, used)) => {
+                // As for `_modules` (NamedModules' `State::Resume`): only
+                // from the node's own unchanged instance dict.
+                Some((d, _, used))
+                    if unsafe {
+                        plans::holds(&rec.plan.nodes[j as usize].seen, module.as_ptr())
+                    } =>
+                {
                     let start = rec.plan.items.len() as u32;
                     let n = &mut rec.plan.nodes[j as usize];
                     n.reg = Reg {
@@ -1119,7 +1146,7 @@ impl NamedMembers {
                     n.items = (start, start);
                     node = j;
                 }
-                None => rec.ok = false,
+                _ => rec.ok = false,
             }
         }
         self.current = Some((prefix.unbind(), None, it, node));
@@ -1659,6 +1686,20 @@ impl Drop for Depth {
     }
 }
 
+/// Is the instance dict `dict` quiet, and each registry it holds under
+/// `_parameters`, `_buffers`, `_modules` (read without running code)?
+unsafe fn quiet_with_registries(g: &Globals, dict: *mut ffi::PyObject) -> bool {
+    use crate::cpython::quiet;
+    let n = &g.names;
+    quiet::dict(dict)
+        && [n.parameters, n.buffers, n.modules]
+            .into_iter()
+            .all(|name| {
+                let r = ffi::PyDict_GetItemWithError(dict, name);
+                r.is_null() || quiet::dict(r)
+            })
+}
+
 /// `module.training = mode` as `Module.__setattr__` does it.
 fn set_training(
     py: Python<'_>,
@@ -1696,8 +1737,11 @@ fn set_training(
                 mode.as_ptr(),
             ) {
                 crate::register::Outcome::Done => {
+                    // Remembered only where the lookups remembering makes,
+                    // and those the next `set_training` skips (`"training"
+                    // in` each registry), run no code: stock makes them all.
                     let dict = instance_dict(module.as_ptr());
-                    if !dict.is_null() {
+                    if !dict.is_null() && quiet_with_registries(g, dict) {
                         crate::facts::note_training(g, tp, dict, name.as_ptr());
                     }
                     Ok(())

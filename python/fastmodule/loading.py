@@ -16,8 +16,10 @@ messages below are torch's texts.
 
 from __future__ import annotations
 
+import dis
+import types
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -25,6 +27,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._dispatch import torch_constant, torch_method
+from fastmodule.inline_routes import original_code
 
 __all__ = ["load_state_dict"]
 
@@ -56,12 +59,45 @@ def copy_error(key: str, param: torch.Tensor, input_param: torch.Tensor, ex: Exc
     )
 
 
+def _torch_load_call() -> Callable[..., None]:
+    """``module._load_from_state_dict(...)`` called from a frame that reads as
+    torch's own ``load`` (nested in ``load_state_dict``): torch's file, module
+    globals and the line of its call. ``warnings.warn(stacklevel=2)`` inside
+    ``_load_from_state_dict`` (torch's meta-parameter warning, or an
+    override's) takes its filename, line, module name and registry from that
+    frame, so filters by module and "once per location" match as in torch."""
+    outer = original_code("load_state_dict")
+    load = next(
+        (c for c in outer.co_consts if isinstance(c, types.CodeType) and c.co_name == "load"),
+        outer,
+    )
+    line = load.co_firstlineno
+    found = False
+    for ins in dis.get_instructions(load):
+        if ins.argval == "_load_from_state_dict":
+            found = True
+        elif found and ins.opname.startswith("CALL") and ins.positions is not None:
+            line = ins.positions.lineno or line
+            break
+    # One line, so that the call instruction is at torch's line.
+    source = "\n" * (line - 1) + (
+        "def load(module, state_dict, prefix, local_metadata, strict, missing, unexpected, "
+        "errors): return module._load_from_state_dict(state_dict, prefix, local_metadata, "
+        "strict, missing, unexpected, errors)\n"
+    )
+    compiled = compile(source, outer.co_filename, "exec", dont_inherit=True)
+    code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    code = code.replace(co_qualname=load.co_qualname)
+    return types.FunctionType(code, vars(torch.nn.modules.module), "load")
+
+
 _core.init_load(
     {
         "load_from_state_dict": torch.nn.Module.__dict__["_load_from_state_dict"],
         "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
         "incompatible_keys": _IncompatibleKeys,
         "copy_error": copy_error,
+        "load_call": _torch_load_call(),
     }
 )
 

@@ -11,9 +11,12 @@
 //!   an exact `str`, compares keys without calling `__eq__`; an exact set
 //!   whose elements are all exact `str` likewise. Fast paths require it and
 //!   hand anything else to torch's own code.
+//! - [`str_keys`]: a dict whose keys are all exact `str`, by reading them
+//!   (any key-table kind; `OrderedDict` too).
 //! - [`tracer`]: is a trace or profile function set on this thread?
 pub mod owned;
 pub mod quiet;
+pub mod str_keys;
 pub mod tracer;
 
 pub use owned::Owned;
