@@ -648,13 +648,14 @@ def once(Base, name, op, ACTION):
         except Exception as e: out.append((type(e).__name__, str(e)))
     return out, state["calls"]
 
-# train() on a child whose registry lookups run the change: the change happens
-# inside __setattr__'s own lookups (the registration path, tested there).
-SETATTR = {{("child", "train", n) for n in ("_modules", "_parameters", "_buffers", "training")}}
+# train() on a child whose "training" lookup swaps the child's __dict__: CPython's own
+# object.__setattr__ stores into the dict it no longer holds and crashes, stock
+# included (module.py's `super().__setattr__`), so that one case is not run.
+CPYTHON_CRASHES = {{("child", "train", "training", "swap_dict")}}
 
 def run(Base):
     return [once(Base, n, op, a) for a in ACTIONS for n in NAMES for k, op in OPS.items()
-            if (WHERE, k, n) not in SETATTR]
+            if (WHERE, k, n, a) not in CPYTHON_CRASHES]
 """
 
 _MUTATING_NAMES = {
@@ -704,9 +705,8 @@ _ACTIONS = [
 def test_walks_with_lookups_that_change_the_tree(where: str) -> None:
     """A colliding key whose ``__eq__`` changes the tree (drops a child, replaces a
     registry or the instance dict): every walk, its recording and its replay, runs
-    it where torch does and sees its change, without a crash. (``train()`` over a
-    key that collides with a name ``__setattr__`` looks up is left to the
-    registration tests: the change happens inside ``__setattr__``'s lookups.)"""
+    it where torch does and sees its change, without a crash (but for the one case
+    where CPython itself crashes on stock, see ``CPYTHON_CRASHES``)."""
     assert_same_in_subprocess(
         _MUTATING.format(where=where, names=_MUTATING_NAMES[where], actions=_ACTIONS)
     )
