@@ -415,7 +415,34 @@ fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {
     unsafe { ffi::Py_TYPE(t.as_ptr()) == tp }
 }
 
+/// The local variables of torch's `_apply` that hold tensors, in the order
+/// CPython releases them when the frame ends (the order of the code's
+/// variables; Rust drops fields in declaration order). Each is rebound where
+/// torch's code rebinds it, so a finalizer of an old tensor (a replaced
+/// buffer, say) runs when it runs on stock: after the dict iterator has read
+/// the next item, or when the module's `_apply` returns.
+#[derive(Default)]
+struct Locals<'py> {
+    key: Option<Bound<'py, PyAny>>,
+    param: Option<Bound<'py, PyAny>>,
+    param_applied: Option<Bound<'py, PyAny>>,
+    param_grad: Option<Bound<'py, PyAny>>,
+    out_param: Option<Bound<'py, PyAny>>,
+    grad_applied: Option<Bound<'py, PyAny>>,
+    buf: Option<Bound<'py, PyAny>>,
+}
+
 fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
+    let mut locals = Locals::default();
+    own_tensors_with(py, ctx, module, &mut locals)
+}
+
+fn own_tensors_with<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    locals: &mut Locals<'py>,
+) -> PyResult<()> {
     let g = ctx.g;
     if ctx.delegate_all {
         return delegate(py, ctx, module);
@@ -445,7 +472,9 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
     // The exact dict just read is what `self._parameters.items()` iterates
     // (nothing ran in between).
     let mut it = Items::of_dict(&params);
-    while let Some((_, p)) = it.next(py)? {
+    while let Some((key, p)) = it.next(py)? {
+        locals.key = Some(key);
+        locals.param = Some(p.clone());
         if p.is_none() {
             continue;
         }
@@ -461,12 +490,21 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
             }
             if ctx.unchanged(py, &p)? && (grad.is_none() || ctx.unchanged(py, &grad)?) {
                 calls += if grad.is_none() { 1 } else { 2 };
+                // What torch's locals would hold: `fn` returned its argument.
+                locals.param_applied = Some(p.clone());
+                locals.param_grad = Some(grad.clone());
+                locals.out_param = Some(p.clone());
+                if !grad.is_none() {
+                    locals.grad_applied = Some(grad);
+                }
                 continue;
             }
         }
         let applied = ctx.call_no_grad(py, &p)?;
+        locals.param_applied = Some(applied.clone());
         calls += 1;
         let grad = data_attr(&p, grad_name)?;
+        locals.param_grad = Some(grad.clone());
         if !(known && applied.is(&p)) {
             if tensor_like(&applied) && ctx.compatible(py, &p, &applied)? {
                 p.setattr(data, &applied)?;
@@ -474,6 +512,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
                 return resume(py, ctx, module, calls - 1, Some(&applied));
             }
         }
+        locals.out_param = Some(p.clone());
         if grad.is_none() {
             continue;
         }
@@ -481,6 +520,7 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
             return resume(py, ctx, module, calls, None);
         }
         let grad_applied = ctx.call_no_grad(py, &grad)?;
+        locals.grad_applied = Some(grad_applied.clone());
         calls += 1;
         if known && grad_applied.is(&grad) {
             continue;
@@ -498,6 +538,8 @@ fn own_tensors<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>)
     let buffers_name = intern!(py, "_buffers");
     let mut it = Items::of(module, buffers_name)?;
     while let Some((key, buf)) = it.next(py)? {
+        locals.key = Some(key.clone());
+        locals.buf = Some(buf.clone());
         if buf.is_none() {
             continue;
         }
