@@ -54,10 +54,11 @@ test-debug: build-prod
 	PYTHONMALLOC=debug $(VPY) -X dev -m pytest $(PYTEST_ARGS) \
 		-o "filterwarnings=error:::fastmodule"
 
-# Every native entry point once under valgrind's memcheck (needs valgrind): fails on
-# an invalid read/write, a use of uninitialised memory or a definite leak with a
-# fastmodule frame in its stack. CPython's and torch's own noise is suppressed
-# (tests/memcheck/python-torch.supp) or reported without failing.
+# Every native entry point a few times under valgrind's memcheck (needs valgrind;
+# ~10 min on 2 cores, most of it importing torch): fails on an invalid read/write,
+# a use of uninitialised memory or a definite leak with a fastmodule frame in its
+# stack. CPython's and torch's own noise is suppressed (tests/memcheck/python-torch.supp)
+# or summarised without failing.
 test-memcheck: build-prod
 	bash tests/memcheck/run.sh $(VPY)
 
