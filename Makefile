@@ -55,7 +55,7 @@ test-debug: build-prod
 		-o "filterwarnings=error:::fastmodule"
 
 # Every native entry point a few times under valgrind's memcheck (needs valgrind;
-# ~10 min on 2 cores, most of it importing torch): fails on an invalid read/write,
+# 6-11 min on 2 cores, most of it importing torch): fails on an invalid read/write,
 # a use of uninitialised memory or a definite leak with a fastmodule frame in its
 # stack. CPython's and torch's own noise is suppressed (tests/memcheck/python-torch.supp)
 # or summarised without failing.
