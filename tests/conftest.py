@@ -1,4 +1,6 @@
-"""Shared fixtures: every behaviour test runs on stock torch.nn.Module and on fastmodule."""
+"""Shared fixtures: every behaviour test runs on stock torch.nn.Module and on fastmodule.
+Every test also runs under ``process_state_kept`` (tests/isolation.py): the same
+process-wide state before it, whatever ran earlier."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
+from tests.isolation import (
+    at_fixed_depth,
+    process_state_kept,  # noqa: F401 - autouse, found by its name here
+)
 
 BASES = [torch.nn.Module, fastmodule.Module]
 IDS = ["stock", "fast"]
@@ -52,16 +58,16 @@ def high_then_low_limit(
     records), then ``then()`` (default ``call``) once under 1000: the outcomes, the
     last without an exception's text (how far a walk got before the limit depends
     on how many Python frames each level takes, which a native walk does not
-    reproduce)."""
-    old = sys.getrecursionlimit()
-    try:
-        sys.setrecursionlimit(20000)
+    reproduce). Runs at a fixed depth (``at_fixed_depth``), so both limits leave the
+    same headroom in any order and under any runner."""
+
+    def scenario() -> tuple[Any, Any]:
         first = [outcome(call) for _ in range(3)]
         sys.setrecursionlimit(1000)
         second = outcome(then or call)
-    finally:
-        sys.setrecursionlimit(old)
-    return first, second[:2]
+        return first, second[:2]
+
+    return at_fixed_depth(scenario, limit=20000)
 
 
 def assert_gc_state_kept(call: Callable[[], Any]) -> None:
