@@ -11,8 +11,20 @@
 //! argument is a fastmodule instance and the call is well-formed, the body runs
 //! in Rust; every other call (stock modules, odd arguments, the rare branches)
 //! goes to the function's original vectorcall, i.e. torch's Python code.
-//! Where the interpreter calls a Python function without its vectorcall
-//! (3.11 inlines Python-to-Python calls), torch's code simply runs.
+//!
+//! Where the entry point is consulted differs by version. CPython 3.11
+//! inlines Python-to-Python calls without it, so there only calls from C
+//! (the type slots `m.x = v`, `m(x)`, `m.attr` go through, C extensions)
+//! reach it, and a stock module runs exactly as before. From 3.12 on, a
+//! function whose vectorcall is not CPython's own is called as a C function
+//! from Python code too (a C stack level, `sys.monitoring` C_RETURN/C_RAISE
+//! events). The four functions the type slots call (`__call__`, `__getattr__`,
+//! `__setattr__`, `__delattr__`) keep fastmodule's entry point there as well —
+//! it is what makes `m.x = v` native — so only an explicit Python call of one
+//! of them (`super().__setattr__(name, value)`) differs; the four
+//! registration functions, called from Python code almost only, keep
+//! CPython's entry point from 3.12 on (their Python body with native
+//! attribute reads costs about what the native body does).
 use crate::register::{
     add_module, is_fast_instance, native_method, register_buffer, register_parameter,
     setattr_native, Outcome,
@@ -45,9 +57,24 @@ const ALL: [Which; 8] = [
     Which::RegisterModule,
 ];
 
+/// Whether Python-to-Python calls skip a function's vectorcall entry point
+/// (CPython 3.11), so that setting it changes only calls made from C.
+pub(crate) const VECTORCALL_INLINED: bool = cfg!(not(Py_3_12));
+
 impl Which {
     fn index(self) -> usize {
         self as usize
+    }
+    /// Does this function get fastmodule's entry point (see the module
+    /// documentation)?
+    fn routed(self) -> bool {
+        match self {
+            Which::WrappedCallImpl | Which::GetAttr | Which::SetAttr | Which::DelAttr => true,
+            Which::RegisterParameter
+            | Which::RegisterBuffer
+            | Which::AddModule
+            | Which::RegisterModule => VECTORCALL_INLINED,
+        }
     }
     fn function(self, g: &Globals) -> *mut ffi::PyObject {
         let o = &g.orig;
@@ -262,7 +289,8 @@ pub(crate) unsafe fn set_vectorcall(func: *mut ffi::PyFunctionObject, vc: ffi::v
     }
 }
 
-/// Point torch's six functions at the native entry points (once).
+/// Point torch's functions at the native entry points (once; see
+/// [`Which::routed`]).
 pub fn install(py: Python<'_>) -> PyResult<()> {
     let g = require(py)?;
     if SAVED.get().is_some() {
@@ -295,7 +323,7 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
         }
     };
     let _ = SAVED.set(Saved(arr));
-    for w in ALL {
+    for w in ALL.into_iter().filter(|w| w.routed()) {
         unsafe { set_vectorcall(w.function(g) as *mut ffi::PyFunctionObject, ours(w)) };
     }
     Ok(())

@@ -3,15 +3,19 @@
 //! routed to fastmodule's native bodies for fast instances: instances of
 //! `fastmodule.Module` subclasses and of classes accelerated in place.
 //!
-//! As for the registration functions (see `methods`), torch's function
-//! objects stay where they are; only their vectorcall entry point changes.
-//! A call with a fast instance first runs fastmodule's body (the same one
-//! `fastmodule.Module`'s method runs, with torch's signature); anything else,
-//! or any call while a PEP 523 frame evaluator (Dynamo) is installed, runs
-//! torch's code. CPython 3.11 inlines Python-to-Python calls without the
-//! vectorcall, so there only calls made from C (native walks, C extensions)
-//! come here; `fastmodule.inline_routes` puts a check in front of torch's code
-//! for the others, answered eagerly by [`route_check`].
+//! The route is a statement in front of torch's code
+//! (`fastmodule.inline_routes`), whose check [`route_check`] answers. On
+//! CPython 3.11, which calls a Python function called from C through its
+//! vectorcall but inlines calls from Python code without it, torch's function
+//! objects also get fastmodule's vectorcall entry point ([`routed`], as for the
+//! registration functions, see `methods`): a call with a fast instance made
+//! from C runs fastmodule's body without torch's frame; anything else, or any
+//! call while a PEP 523 frame evaluator (Dynamo) is installed, runs torch's
+//! code. From 3.12 on, a function whose vectorcall is not CPython's own is
+//! called as a C function even from Python code (one C stack level per call,
+//! `sys.monitoring` C_RETURN/C_RAISE events), which would change how every
+//! stock module runs; there torch's functions keep CPython's entry point and
+//! only the prefix routes.
 use crate::ffi_ext::custom_eval_frame;
 use crate::register::is_fast_instance;
 use crate::state::{globals, require};
@@ -132,8 +136,9 @@ pub fn torch_code<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny
     nn_module.getattr("__dict__")?.get_item(name)
 }
 
-/// Route `torch.nn.Module.<name>` to `bodies[name]` for fast instances (once);
-/// `copies[name]` is the unrouted copy of torch's function.
+/// Record `bodies[name]` for `torch.nn.Module.<name>` and `copies[name]`, the
+/// unrouted copy of torch's function (once); on 3.11 route the function's
+/// vectorcall to the body for fast instances (see the module documentation).
 pub fn install(
     py: Python<'_>,
     bodies: &Bound<'_, PyDict>,
@@ -170,8 +175,10 @@ pub fn install(
     }
     let funcs: Vec<*mut ffi::PyObject> = routes.iter().map(|r| r.func).collect();
     let _ = ROUTES.set(Routes(routes));
-    for f in funcs {
-        unsafe { crate::methods::set_vectorcall(f as *mut ffi::PyFunctionObject, routed) };
+    if crate::methods::VECTORCALL_INLINED {
+        for f in funcs {
+            unsafe { crate::methods::set_vectorcall(f as *mut ffi::PyFunctionObject, routed) };
+        }
     }
     Ok(())
 }

@@ -3,14 +3,26 @@
 Every method that ``fastmodule.Module`` defines in place of a
 ``torch.nn.Module`` method is built by :func:`torch_method`: it runs the native
 body, except under ``torch.compile`` tracing (Dynamo must inline torch's
-Python) or when ``torch.nn.Module.<name>`` has been replaced (the patch must
-run), where it calls what is installed on ``torch.nn.Module`` with the caller's
-exact arguments. The body carries torch's name and qualified name, so argument
-errors read exactly as torch's.
+Python), while a PEP 523 frame evaluator (Dynamo running compiled code) is
+installed, for an instance that is not fast, or when ``torch.nn.Module.<name>``
+has been replaced (the patch must run); then it calls what is installed on
+``torch.nn.Module`` with the caller's exact arguments. The body carries torch's
+name and qualified name, so argument errors read exactly as torch's.
+
+Both functions stand in for torch's method, and their frames say so: their
+code carries torch's file, the line of torch's ``def``, its name and qualified
+name (every instruction at that line), and they run with torch's module
+globals wherever every global they read is the same object there. So a
+traceback or a ``stacklevel`` warning through them reads torch's
+``module.py`` (and a warning filter keyed on torch's module name matches), and
+Dynamo treats them as torch's own methods: inlined when called from traced
+code, skipped (run eagerly, no frame of their own) at the top level.
 """
 
 from __future__ import annotations
 
+import builtins
+import dis
 import inspect
 import sys
 import types
@@ -20,13 +32,31 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
-from fastmodule.inline_routes import original_code
+from fastmodule import _core
+from fastmodule.inline_routes import ROUTE, original_code
 
-__all__ = ["BODIES", "caller_stacklevel", "torch_code", "torch_constant", "torch_method"]
+__all__ = [
+    "BODIES",
+    "WALKED",
+    "caller_stacklevel",
+    "torch_code",
+    "torch_constant",
+    "torch_method",
+]
 
 #: name -> native body of every usable method built by :func:`torch_method`;
 #: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
 BODIES: dict[str, Callable[..., Any]] = {}
+
+#: The methods whose body is exactly ``return _fastmodule_walk(name, self,
+#: <torch's parameters>)`` (``yield from`` for iterators): torch's prefixed code
+#: calls the walk itself for them.
+WALKED: set[str] = set()
+
+# torch's module namespace. ``_fastmodule_walk`` is there for the bodies (and
+# torch's prefixed code) to call.
+_TORCH_GLOBALS = sys.modules[torch.nn.Module.__module__].__dict__
+_TORCH_GLOBALS["_fastmodule_walk"] = _core.walk
 
 
 def torch_code(name: str) -> Callable[..., Any]:
@@ -63,49 +93,132 @@ def torch_constant(name: str, start: str) -> str | None:
 def caller_stacklevel(name: str) -> int:
     """The ``stacklevel`` at which the body of ``nn.Module.<name>``, calling this,
     warns where torch's ``stacklevel=2`` warning points: at whoever called the
-    method. The body is called by ``fastmodule.Module``'s method or (CPython 3.11)
-    by torch's prefixed function, each one frame in between, or straight from the
-    caller through torch's routed vectorcall entry point."""
+    method. The body is called by ``fastmodule.Module``'s method or by torch's
+    prefixed function (both frames of torch's file named ``name``), or straight
+    from the caller through torch's routed vectorcall entry point (3.11, calls
+    made from C)."""
     try:
         caller = sys._getframe(2).f_code
     except ValueError:  # called with no Python frame above the body
         return 2
     torch_file = original_code(name).co_filename
-    between = caller is _METHOD_CODE or (
-        caller.co_filename == torch_file and caller.co_name == name
-    )
+    between = caller.co_filename == torch_file and caller.co_name == name
     return 3 if between else 2
 
 
-def torch_method(name: str, body: Callable[..., Any], *, usable: bool = True) -> Callable[..., Any]:
+def _one_line_table(units: int) -> bytes:
+    """A location table putting ``units`` code units at the code's first line,
+    without columns (entries of up to 8 units, "no column" form, line delta 0:
+    CPython's Objects/locations.md)."""
+    table = bytearray()
+    for start in range(0, units, 8):
+        table += bytes((0x80 | (13 << 3) | (min(8, units - start) - 1), 0))
+    return bytes(table)
+
+
+def _as_torch_frame(code: types.CodeType, name: str) -> types.CodeType:
+    """``code`` as a frame of torch's ``nn.Module.<name>``: torch's file, the line
+    of its ``def`` for every instruction, its name and qualified name."""
+    torch_code_ = original_code(name)
+    consts = tuple(
+        _as_torch_frame(c, name).replace(co_name=c.co_name, co_qualname=c.co_qualname)
+        if isinstance(c, types.CodeType)
+        else c
+        for c in code.co_consts
+    )
+    new = code.replace(
+        co_filename=torch_code_.co_filename,
+        co_name=name,
+        co_qualname=torch_code_.co_qualname,
+        co_firstlineno=torch_code_.co_firstlineno,
+        co_linetable=_one_line_table(len(code.co_code) // 2),
+        co_consts=consts,
+    )
+    line = torch_code_.co_firstlineno
+    if any(p[0] != line for p in new.co_positions()):  # pragma: no cover - format changed
+        return code.replace(co_name=name, co_qualname=torch_code_.co_qualname)
+    return new
+
+
+def _globals_for(func: types.FunctionType) -> dict[str, Any]:
+    """torch's module globals if every global ``func`` reads is the same object
+    there (so running it there changes nothing but the module it reports),
+    else its own."""
+    mine, torch_ns = func.__globals__, _TORCH_GLOBALS
+    missing = object()
+    codes = [func.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        for ins in dis.get_instructions(code):
+            if ins.opname != "LOAD_GLOBAL":
+                continue
+            name = ins.argval
+            builtin = getattr(builtins, name, missing)
+            if mine.get(name, builtin) is not torch_ns.get(name, builtin):
+                return mine
+    return torch_ns
+
+
+def _as_torch_function(func: types.FunctionType, name: str) -> types.FunctionType:
+    """A copy of ``func`` whose frames are attributed to torch's ``nn.Module.<name>``
+    (see the module documentation); its attributes are ``func``'s."""
+    out = types.FunctionType(
+        _as_torch_frame(func.__code__, name),
+        _globals_for(func),
+        name,
+        func.__defaults__,
+        func.__closure__,
+    )
+    out.__kwdefaults__ = func.__kwdefaults__
+    out.__annotations__ = func.__annotations__
+    out.__module__ = func.__module__
+    out.__qualname__ = f"Module.{name}"
+    out.__doc__ = func.__doc__
+    return out
+
+
+def _method(
+    name: str,
+    body: Callable[..., Any],
+    usable: bool,
+    original: Any,
+    route: Callable[[Any], bool],
+    compiling: Callable[[], bool],
+) -> Callable[..., Any]:
+    """``fastmodule.Module.<name>`` (every name it reads is a closure variable or a
+    builtin, so it runs with torch's module globals)."""
+    nn_module = torch.nn.Module
+    nn_dict = torch.nn.Module.__dict__
+
+    def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not usable or compiling() or not route(self) or nn_dict.get(name) is not original:
+            return getattr(nn_module, name)(self, *args, **kwargs)
+        return body(self, *args, **kwargs)
+
+    return method
+
+
+def torch_method(
+    name: str, body: Callable[..., Any], *, usable: bool = True, walked: bool = False
+) -> Callable[..., Any]:
     """``torch.nn.Module.<name>`` served by ``body`` while torch's is unpatched.
 
     ``usable=False`` (the installed torch is not the one ``body`` reproduces)
-    always runs torch's code.
+    always runs torch's code. ``walked``: ``body`` is exactly ``return
+    _fastmodule_walk(name, self, <its parameters>)`` (see :data:`WALKED`).
     """
     original = torch.nn.Module.__dict__[name]
-    body.__code__ = body.__code__.replace(co_name=name, co_qualname=f"Module.{name}")
-    body.__name__ = name
-    body.__qualname__ = f"Module.{name}"
+    body = _as_torch_function(body, name)  # type: ignore[arg-type]
     if usable:
         BODIES[name] = body
-
-    def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if not usable or is_compiling() or torch.nn.Module.__dict__.get(name) is not original:
-            return getattr(torch.nn.Module, name)(self, *args, **kwargs)
-        return body(self, *args, **kwargs)
-
-    method.__name__ = name
-    method.__qualname__ = f"Module.{name}"
+        if walked:
+            WALKED.add(name)
+    method = _as_torch_function(
+        _method(name, body, usable, original, ROUTE, is_compiling),  # type: ignore[arg-type]
+        name,
+    )
     method.__doc__ = original.__doc__
     method.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
     method.__module__ = body.__module__
     return method
-
-
-# The code of every method torch_method builds (one nested code object).
-_METHOD_CODE = next(
-    c
-    for c in torch_method.__code__.co_consts
-    if isinstance(c, types.CodeType) and c.co_name == "method"
-)

@@ -20,6 +20,10 @@ import torch
 from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._dispatch import torch_code, torch_method
 
+# The name torch's module globals give the walk too: the body runs with them
+# (see fastmodule._dispatch).
+_fastmodule_walk = _core.walk
+
 __all__ = ["apply_fn"]
 
 # torch's own `_apply` code (not routed back to the native walk).
@@ -118,7 +122,7 @@ _core.init_apply(
 def _apply_fn(
     self: torch.nn.Module, fn: Callable[[torch.Tensor], Any], recurse: bool = True
 ) -> torch.nn.Module:
-    return _core.walk("_apply", self, fn, recurse)
+    return _fastmodule_walk("_apply", self, fn, recurse)
 
 
-apply_fn = torch_method("_apply", _apply_fn)
+apply_fn = torch_method("_apply", _apply_fn, walked=True)

@@ -1,24 +1,29 @@
-"""torch's whole-tree methods routed to the native bodies on CPython 3.11.
+"""torch's whole-tree methods routed to the native bodies by a statement in front of their code.
 
-From 3.12 on, a call of ``torch.nn.Module.state_dict`` (and the other methods
-in ``_dispatch.BODIES``) goes through the function's vectorcall entry point,
-which ``_core.route_torch_methods`` points at fastmodule's router. CPython 3.11
-runs a Python function called from Python code without its vectorcall, so
-there the router only sees calls made from C. This module closes that gap on
-3.11: each routed function of torch gets torch's own code with one statement
-put in front of its body,
+CPython 3.11 runs a Python function called from Python code without its
+vectorcall entry point, and from 3.12 on a function whose vectorcall is not
+CPython's own is called as a C function (no inlined frame: C recursion,
+``sys.monitoring`` C_RETURN/C_RAISE events), so a vectorcall route would
+either miss those calls or change how stock modules run. Instead each routed
+function of torch (``_dispatch.BODIES``) gets torch's own code with one
+statement put in front of its body,
 
     if _fastmodule_accelerated and _fastmodule_route(self):
-        return <fastmodule's body>(self, <its arguments>)
+        return _fastmodule_walk(<name>, self, <its arguments>)
 
-(``return (yield from _fastmodule_walk(<name>, self, ...))`` for the iterators,
-which stay generators). ``_fastmodule_accelerated`` is a global of torch's
-module that fastmodule keeps equal to "some class is accelerated in place", so
-while none is, torch's modules pay one global read per call; while one is,
-about 70 ns (``fastmodule.Module`` subclasses define these methods themselves
-and do not need the prefix). The function object, its signature, defaults,
-docstring, file and line numbers stay torch's; ``inspect.getsource`` still
-shows torch's source.
+(``return (yield from ...)`` for the iterators, which stay generators;
+``_fastmodule_bodies[<name>](self, ...)`` for the methods whose body does more
+than the walk). ``_fastmodule_accelerated`` is a global of torch's module that
+fastmodule keeps equal to "some class is accelerated in place", so while none
+is, torch's modules pay one global read per call; while one is, about 70 ns
+(``fastmodule.Module`` subclasses define these methods themselves and do not
+need the prefix). The function object, its signature, defaults, docstring,
+file and line numbers stay torch's; ``inspect.getsource`` still shows torch's
+source. The statement's check has no line number (its instructions carry no
+location), so a tracer (``sys.settrace``, pdb, ``sys.monitoring``'s LINE
+events) sees exactly torch's line events; the route itself, taken only for a
+fast instance, is located at the ``def`` line, which is what a traceback
+through the native walk shows for torch's frame.
 
 ``_fastmodule_route`` answers the router's own question (a fast instance, no
 PEP 523 frame evaluator installed) when called eagerly. What a tracer that
@@ -31,13 +36,15 @@ compiled once more the first time the flag changes after compiling.
 
 The new code comes from compiling torch's source file with those statements
 added, and only for functions whose code compiling the file unchanged
-reproduces; any other function keeps torch's code (and on 3.11 torch's
-Python for it, as before).
+reproduces, and whose new code keeps every location of torch's; any other
+function keeps torch's code (accelerated instances then run torch's Python
+for it, as stock).
 """
 
 from __future__ import annotations
 
 import ast
+import dis
 import functools
 import inspect
 import sys
@@ -49,16 +56,23 @@ import torch
 
 from fastmodule import _core
 
-__all__ = ["NEEDED", "install", "original_code", "prefixed"]
+__all__ = ["NEEDED", "ROUTE", "install", "original_code", "prefixed"]
 
-#: Whether this interpreter needs the prefixed code (3.11 inlines Python calls).
-NEEDED = sys.version_info[:2] == (3, 11)
+#: Whether this interpreter needs the prefixed code: every supported one (3.11
+#: inlines Python calls past the vectorcall; 3.12+ must keep CPython's own
+#: vectorcall on torch's functions so that stock modules run as before).
+NEEDED = sys.version_info >= (3, 11)
 
 # Names the prefixed code reads from torch's module globals.
 _FLAG = "_fastmodule_accelerated"
 _ROUTE = "_fastmodule_route"
 _WALK = "_fastmodule_walk"
 _BODIES = "_fastmodule_bodies"
+
+# Column markers of the statement's two parts while it is compiled (no
+# source line of torch's is that long); see _relocated.
+_CHECK_COLUMN = 1 << 20
+_TAKEN_COLUMN = _CHECK_COLUMN + 1
 
 # name -> torch's code object as it was before install() replaced it.
 _ORIGINAL: dict[str, types.CodeType] = {}
@@ -77,6 +91,19 @@ def prefixed() -> list[str]:
 def _route(self: Any) -> bool:
     """What tracers see of the route check: torch's code runs."""
     return False
+
+
+def _make_route() -> Callable[[Any], bool]:
+    """``_fastmodule_route``: called eagerly, is ``self`` a fast instance (and no
+    PEP 523 frame evaluator installed)? Traced, :func:`_route`."""
+    namespace = sys.modules[torch.nn.Module.__module__].__dict__
+    check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
+    _core.install_route_check(check, namespace, _FLAG)
+    return functools.partial(check)
+
+
+#: The route check (see :func:`_make_route`); fastmodule's own methods ask it too.
+ROUTE = _make_route()
 
 
 def _code_of(module_code: types.CodeType, qualname: str, line: int) -> types.CodeType | None:
@@ -108,22 +135,28 @@ def _forwarded(args: ast.arguments) -> tuple[list[ast.expr], list[ast.keyword]]:
     return call_args, keywords
 
 
-def _prefix(fn: ast.FunctionDef, name: str, walked: bool) -> ast.stmt:
+def _locate(node: ast.AST, line: int, column: int) -> None:
+    for sub in ast.walk(node):
+        sub.lineno = sub.end_lineno = line  # type: ignore[attr-defined]
+        sub.col_offset = sub.end_col_offset = column  # type: ignore[attr-defined]
+
+
+def _prefix(fn: ast.FunctionDef, name: str, walked: bool, generator: bool) -> ast.stmt:
     """``if _fastmodule_accelerated and _fastmodule_route(self): return ...`` for
-    method ``name``."""
+    method ``name``; the check and the taken branch carry the column markers."""
     self_name = [*fn.args.posonlyargs, *fn.args.args][0].arg
     call_args, keywords = _forwarded(fn.args)
+    self_arg = ast.Name(self_name, ast.Load())
     target: ast.expr
     if walked:
-        call: ast.expr = ast.Call(
-            ast.Name(_WALK, ast.Load()),
-            [ast.Constant(name), ast.Name(self_name, ast.Load()), *call_args],
-            keywords,
+        target = ast.Call(
+            ast.Name(_WALK, ast.Load()), [ast.Constant(name), self_arg, *call_args], keywords
         )
-        target = ast.YieldFrom(call)
+        if generator:
+            target = ast.YieldFrom(target)
     else:
         body = ast.Subscript(ast.Name(_BODIES, ast.Load()), ast.Constant(name), ast.Load())
-        target = ast.Call(body, [ast.Name(self_name, ast.Load()), *call_args], keywords)
+        target = ast.Call(body, [self_arg, *call_args], keywords)
     check = ast.BoolOp(
         ast.And(),
         [
@@ -131,19 +164,115 @@ def _prefix(fn: ast.FunctionDef, name: str, walked: bool) -> ast.stmt:
             ast.Call(ast.Name(_ROUTE, ast.Load()), [ast.Name(self_name, ast.Load())], []),
         ],
     )
-    stmt = ast.If(check, [ast.Return(target)], [])
-    # The statement reads as the def line (where a call event points anyway).
-    for node in ast.walk(stmt):
-        node.lineno = node.end_lineno = fn.lineno  # type: ignore[attr-defined]
-        node.col_offset = node.end_col_offset = 0  # type: ignore[attr-defined]
+    taken = ast.Return(target)
+    stmt = ast.If(check, [taken], [])
+    _locate(stmt, fn.lineno, _CHECK_COLUMN)
+    _locate(taken, fn.lineno, _TAKEN_COLUMN)
     return stmt
+
+
+def _entries(table: bytes) -> list[tuple[int, int]]:
+    """The location table's entries: (first code unit, code units). Each entry
+    starts with a byte whose top bit is set (CPython's Objects/locations.md)."""
+    out = []
+    unit = start = 0
+    for i in range(1, len(table) + 1):
+        if i == len(table) or table[i] & 0x80:
+            length = (table[start] & 7) + 1
+            out.append((unit, length))
+            unit += length
+            start = i
+    return out
+
+
+def _varint(out: bytearray, value: int) -> None:
+    while value >= 64:
+        out.append(0x40 | (value & 63))
+        value >>= 6
+    out.append(value)
+
+
+def _encode(code: types.CodeType, positions: list[Any]) -> bytes:
+    """A location table for ``code`` giving each entry of its own table the
+    position in ``positions`` (one per code unit): "no location" entries, the
+    others in the long form (line delta, end line delta, columns + 1)."""
+    table = bytearray()
+    line = code.co_firstlineno
+    for unit, length in _entries(code.co_linetable):
+        start, end, column, end_column = positions[unit]
+        if start is None:
+            table.append(0x80 | (15 << 3) | (length - 1))
+            continue
+        table.append(0x80 | (14 << 3) | (length - 1))
+        delta = start - line
+        _varint(table, (-delta << 1) | 1 if delta < 0 else delta << 1)
+        _varint(table, (start if end is None else end) - start)
+        _varint(table, 0 if column is None else column + 1)
+        _varint(table, 0 if end_column is None else end_column + 1)
+        line = start
+    return bytes(table)
+
+
+_NO_LINE_START = frozenset({"RESUME", "END_FOR", "END_SEND", "END_ASYNC_FOR"})
+
+
+def _line_starts(code: types.CodeType, ours: set[int]) -> list[tuple[Any, bool]]:
+    """For each located instruction of ``code`` whose offset is not in ``ours``:
+    its position and whether CPython 3.12+ instruments it as the start of a line
+    (its line differs from the previous instruction's in the code, or a jump or
+    an exception handler lands on it); 3.11 reports a line when it differs from
+    the previously *executed* instruction's, which this implies here."""
+    bytecode = dis.Bytecode(code)
+    instructions = list(bytecode)
+    targets = {i.argval for i in instructions if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs}
+    targets |= {e.target for e in bytecode.exception_entries}
+    out = []
+    current = None
+    for ins in instructions:
+        line = ins.positions.lineno if ins.positions is not None else None
+        special = ins.opname in _NO_LINE_START
+        start = not special and line is not None and (line != current or ins.offset in targets)
+        if not special:
+            current = line
+        if line is not None and ins.offset not in ours:
+            out.append((tuple(ins.positions), start))
+    return out
+
+
+def _relocated(new: types.CodeType, torch_code: types.CodeType) -> types.CodeType | None:
+    """``new`` with the check's instructions unlocated and the taken branch at the
+    ``def`` line without columns, or None unless every other located instruction
+    keeps its position, in order, and whether it starts a line (so tracers see
+    torch's line events)."""
+    positions = list(new.co_positions())
+    line = new.co_firstlineno
+    wanted = list(positions)
+    ours: set[int] = set()
+    for unit, p in enumerate(positions):
+        if p[2] == _CHECK_COLUMN:
+            wanted[unit] = (None, None, None, None)
+        elif p[2] == _TAKEN_COLUMN:
+            wanted[unit] = (line, line, None, None)
+        else:
+            continue
+        if p[0] != line:
+            return None
+        ours.add(2 * unit)
+    if not ours:
+        return None
+    out = new.replace(co_linetable=_encode(new, wanted))
+    if list(out.co_positions()) != wanted:
+        return None
+    if _line_starts(out, ours) != _line_starts(torch_code, set()):
+        return None
+    return out
 
 
 def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[str, types.CodeType]:
     """torch's code for each of ``funcs`` with the route statement in front.
 
     What is compiled is torch's source file with its top-level functions and
-    classes left out except class ``Module`` holding just these methods: 3.11's
+    classes left out except class ``Module`` holding just these methods: the
     code generation for a method depends on module-level names (whether one
     was bound by an import), which the rest keeps. A function whose source
     does not compile back to exactly its running code is left out."""
@@ -178,28 +307,46 @@ def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[st
             found[name] = fn
     for name, fn in found.items():
         has_doc = ast.get_docstring(fn, clean=False) is not None
-        fn.body.insert(1 if has_doc else 0, _prefix(fn, name, name in walked))
+        generator = bool(funcs[name].__code__.co_flags & inspect.CO_GENERATOR)
+        fn.body.insert(1 if has_doc else 0, _prefix(fn, name, name in walked, generator))
     prefixed = compile(tree, filename, "exec", dont_inherit=True)
     out: dict[str, types.CodeType] = {}
     for name in found:
         code = funcs[name].__code__
         new = _code_of(prefixed, code.co_qualname, code.co_firstlineno)
-        is_gen = new is not None and bool(new.co_flags & inspect.CO_GENERATOR)
-        if new is not None and is_gen == (name in walked):
+        if new is None:
+            continue
+        is_gen = bool(new.co_flags & inspect.CO_GENERATOR)
+        if is_gen != bool(code.co_flags & inspect.CO_GENERATOR):
+            continue
+        new = _relocated(new, code)
+        if new is not None:
             out[name] = new
     return out
 
 
+def _parameters(func: Callable[..., Any]) -> list[tuple[str, Any]]:
+    """``func``'s parameters: names and kinds."""
+    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]
+
+
 def install(bodies: dict[str, Callable[..., Any]], walked: Iterable[str]) -> None:
-    """Prefix torch's ``nn.Module.<name>`` for each name in ``bodies`` (once, on
-    3.11 only; :func:`prefixed` says which were). ``walked``: the generator
-    methods whose body is exactly ``yield from _core.walk(name, self, <torch's
-    parameters>)``."""
+    """Prefix torch's ``nn.Module.<name>`` for each name in ``bodies`` (once;
+    :func:`prefixed` says which were). ``walked``: the methods whose body is
+    exactly ``return _core.walk(name, self, <torch's parameters>)`` (``yield
+    from`` for the generators): the prefix calls the walk itself for them."""
     if not NEEDED or _ORIGINAL:
         return
-    walked = set(walked)
     namespace = sys.modules[torch.nn.Module.__module__].__dict__
     funcs: dict[str, types.FunctionType] = {}
+    # The walk is called with torch's parameters: only where they are the body's.
+    walked = {
+        name
+        for name in walked
+        if name in bodies
+        and isinstance(torch.nn.Module.__dict__.get(name), types.FunctionType)
+        and _parameters(bodies[name]) == _parameters(torch.nn.Module.__dict__[name])
+    }
     for name in bodies:
         func = torch.nn.Module.__dict__.get(name)
         if not isinstance(func, types.FunctionType) or func.__globals__ is not namespace:
@@ -210,9 +357,7 @@ def install(bodies: dict[str, Callable[..., Any]], walked: Iterable[str]) -> Non
     new_codes = _prefixed(funcs, walked) if funcs else {}
     if not new_codes:
         return
-    check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
-    _core.install_route_check(check, namespace, _FLAG)
-    namespace[_ROUTE] = functools.partial(check)
+    namespace[_ROUTE] = ROUTE
     namespace[_WALK] = _core.walk
     namespace[_BODIES] = dict(bodies)
     for name, new in new_codes.items():

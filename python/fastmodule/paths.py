@@ -13,28 +13,32 @@ import torch
 from fastmodule import _core
 from fastmodule._dispatch import torch_method
 
+# The name torch's module globals give the walk too: the bodies run with them
+# (see fastmodule._dispatch).
+_fastmodule_walk = _core.walk
+
 __all__ = ["get_buffer", "get_parameter", "get_submodule", "set_submodule"]
 
 
 def _get_submodule(self: torch.nn.Module, target: str) -> torch.nn.Module:
-    return _core.walk("get_submodule", self, target)
+    return _fastmodule_walk("get_submodule", self, target)
 
 
 def _set_submodule(
     self: torch.nn.Module, target: str, module: torch.nn.Module, strict: bool = False
 ) -> None:
-    return _core.walk("set_submodule", self, target, module, strict)
+    return _fastmodule_walk("set_submodule", self, target, module, strict)
 
 
 def _get_parameter(self: torch.nn.Module, target: str) -> torch.nn.Parameter:
-    return _core.walk("get_parameter", self, target)
+    return _fastmodule_walk("get_parameter", self, target)
 
 
 def _get_buffer(self: torch.nn.Module, target: str) -> torch.Tensor:
-    return _core.walk("get_buffer", self, target)
+    return _fastmodule_walk("get_buffer", self, target)
 
 
-get_submodule = torch_method("get_submodule", _get_submodule)
-set_submodule = torch_method("set_submodule", _set_submodule)
-get_parameter = torch_method("get_parameter", _get_parameter)
-get_buffer = torch_method("get_buffer", _get_buffer)
+get_submodule = torch_method("get_submodule", _get_submodule, walked=True)
+set_submodule = torch_method("set_submodule", _set_submodule, walked=True)
+get_parameter = torch_method("get_parameter", _get_parameter, walked=True)
+get_buffer = torch_method("get_buffer", _get_buffer, walked=True)
