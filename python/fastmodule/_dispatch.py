@@ -140,10 +140,16 @@ def _as_torch_frame(code: types.CodeType, name: str) -> types.CodeType:
     return new
 
 
-def _globals_for(func: types.FunctionType) -> dict[str, Any]:
-    """torch's module globals if every global ``func`` reads is the same object
-    there (so running it there changes nothing but the module it reports),
-    else its own."""
+# What makes a globals dict a module's as warnings and tracebacks read it.
+_IDENTITY = ("__name__", "__spec__", "__loader__", "__file__", "__package__", "__cached__")
+
+# id(a module's globals) -> its copy under torch's module identity.
+_COPIES: dict[int, dict[str, Any]] = {}
+
+
+def _same_in_torch(func: types.FunctionType) -> bool:
+    """Is every global ``func`` (or a function nested in it) reads the same object
+    in torch's module globals?"""
     mine, torch_ns = func.__globals__, _TORCH_GLOBALS
     missing = object()
     codes = [func.__code__]
@@ -151,13 +157,28 @@ def _globals_for(func: types.FunctionType) -> dict[str, Any]:
         code = codes.pop()
         codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
         for ins in dis.get_instructions(code):
-            if ins.opname != "LOAD_GLOBAL":
-                continue
-            name = ins.argval
-            builtin = getattr(builtins, name, missing)
-            if mine.get(name, builtin) is not torch_ns.get(name, builtin):
-                return mine
-    return torch_ns
+            if ins.opname == "LOAD_GLOBAL":
+                builtin = getattr(builtins, ins.argval, missing)
+                if mine.get(ins.argval, builtin) is not torch_ns.get(ins.argval, builtin):
+                    return False
+    return True
+
+
+def _globals_for(func: types.FunctionType) -> dict[str, Any]:
+    """Globals for ``func`` that are torch's module's as warnings and tracebacks read
+    them (its name, spec, loader, file): torch's module globals themselves if every
+    global ``func`` reads is the same object there, else a copy of ``func``'s own
+    under torch's module identity, taken when its module has bound everything
+    (``torch_method`` runs last in it; nothing rebinds those names later)."""
+    mine, torch_ns = func.__globals__, _TORCH_GLOBALS
+    if _same_in_torch(func):
+        return torch_ns
+    copy = _COPIES.get(id(mine))
+    if copy is None:
+        copy = _COPIES[id(mine)] = {}
+    copy.update({k: v for k, v in mine.items() if k not in _IDENTITY})
+    copy.update({k: torch_ns[k] for k in _IDENTITY if k in torch_ns})
+    return copy
 
 
 def _as_torch_function(func: types.FunctionType, name: str) -> types.FunctionType:
