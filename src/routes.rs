@@ -22,7 +22,7 @@ use crate::state::{globals, require};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;
 
 struct Route {
@@ -40,11 +40,40 @@ unsafe impl Send for Routes {}
 unsafe impl Sync for Routes {}
 static ROUTES: OnceLock<Routes> = OnceLock::new();
 
+/// `torch.compiler`'s module globals and the name of the flag that
+/// `torch.compiler.is_compiling()` returns when called eagerly (set while
+/// non-strict `torch.export` traces).
+static COMPILING: OnceLock<(Py<PyDict>, Py<PyString>)> = OnceLock::new();
+
+/// Is `torch.compiler.is_compiling()` true (eagerly: its flag)? Read without
+/// running code: where the module's dict is not one whose lookups by an exact
+/// `str` run none, or the flag cannot be read, the answer is "yes" (torch's
+/// code then runs, stock by construction).
+#[inline(always)]
+unsafe fn compiling() -> bool {
+    let Some((namespace, name)) = COMPILING.get() else {
+        return true;
+    };
+    if !crate::cpython::quiet::dict(namespace.as_ptr()) {
+        return true;
+    }
+    let flag = ffi::PyDict_GetItemWithError(namespace.as_ptr(), name.as_ptr());
+    if flag.is_null() {
+        if ffi::PyErr_Occurred().is_null() {
+            return false; // this torch has no such flag
+        }
+        ffi::PyErr_Clear(); // not raised by a quiet lookup; be safe anyway
+        return true;
+    }
+    flag != ffi::Py_False()
+}
+
 /// The router's question for a call of torch's method with `slf` first: run
-/// fastmodule's body (a fast instance, no PEP 523 frame evaluator installed)?
+/// fastmodule's body (a fast instance, no PEP 523 frame evaluator installed,
+/// not `torch.compiler.is_compiling()`)?
 #[inline(always)]
 unsafe fn to_body(slf: *mut ffi::PyObject) -> bool {
-    globals().is_some_and(|g| !custom_eval_frame() && is_fast_instance(g, slf))
+    globals().is_some_and(|g| is_fast_instance(g, slf) && !custom_eval_frame() && !compiling())
 }
 
 unsafe extern "C" fn routed(
@@ -107,7 +136,13 @@ pub fn install_check(
         crate::methods::set_vectorcall(func.as_ptr() as *mut ffi::PyFunctionObject, route_check)
     };
     let _ = FLAG.set((namespace.clone().unbind(), flag.clone().unbind()));
-    note_accelerated(namespace.py(), crate::accelerated::any())
+    let py = namespace.py();
+    let compiler = py.import("torch.compiler")?.dict().unbind();
+    let _ = COMPILING.set((
+        compiler,
+        PyString::intern(py, "_is_compiling_flag").unbind(),
+    ));
+    note_accelerated(py, crate::accelerated::any())
 }
 
 /// Record whether any class is accelerated in place (see [`install_check`]).

@@ -3,10 +3,12 @@
 Every method that ``fastmodule.Module`` defines in place of a
 ``torch.nn.Module`` method is built by :func:`torch_method`: it runs the native
 body, except under ``torch.compile`` tracing (Dynamo must inline torch's
-Python), while a PEP 523 frame evaluator (Dynamo running compiled code) is
-installed, for an instance that is not fast, or when ``torch.nn.Module.<name>``
-has been replaced (the patch must run); then it calls what is installed on
-``torch.nn.Module`` with the caller's exact arguments. The body carries torch's
+Python) or while ``torch.compiler.is_compiling()`` (non-strict export), while
+a PEP 523 frame evaluator (Dynamo running compiled code) is installed, for an
+instance that is not fast, or when ``torch.nn.Module.<name>`` has been replaced
+(the patch must run); then it calls what is installed on ``torch.nn.Module``
+with the caller's exact arguments. The first three are the question torch's
+prefixed code asks too (``inline_routes.ROUTE``). The body carries torch's
 name and qualified name, so argument errors read exactly as torch's.
 
 Both functions stand in for torch's method, and their frames say so: their
@@ -30,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.compiler import is_compiling
 
 from fastmodule import _core
 from fastmodule.inline_routes import ROUTE, original_code
@@ -205,15 +206,16 @@ def _method(
     usable: bool,
     original: Any,
     route: Callable[[Any], bool],
-    compiling: Callable[[], bool],
 ) -> Callable[..., Any]:
     """``fastmodule.Module.<name>`` (every name it reads is a closure variable or a
-    builtin, so it runs with torch's module globals)."""
+    builtin, so it runs with torch's module globals). ``route(self)``: eagerly, is
+    ``self`` fast, no PEP 523 frame evaluator installed and
+    ``torch.compiler.is_compiling()`` false; traced by Dynamo, ``False``."""
     nn_module = torch.nn.Module
     nn_dict = torch.nn.Module.__dict__
 
     def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if not usable or compiling() or not route(self) or nn_dict.get(name) is not original:
+        if not usable or not route(self) or nn_dict.get(name) is not original:
             return getattr(nn_module, name)(self, *args, **kwargs)
         return body(self, *args, **kwargs)
 
@@ -236,7 +238,7 @@ def torch_method(
         if walked:
             WALKED.add(name)
     method = _as_torch_function(
-        _method(name, body, usable, original, ROUTE, is_compiling),  # type: ignore[arg-type]
+        _method(name, body, usable, original, ROUTE),  # type: ignore[arg-type]
         name,
     )
     method.__doc__ = original.__doc__

@@ -26,7 +26,8 @@ fast instance, is located at the ``def`` line, which is what a traceback
 through the native walk shows for torch's frame.
 
 ``_fastmodule_route`` answers the router's own question (a fast instance, no
-PEP 523 frame evaluator installed) when called eagerly. What a tracer that
+PEP 523 frame evaluator installed, ``torch.compiler.is_compiling()`` false)
+when called eagerly. What a tracer that
 reads bytecode (Dynamo) sees instead is the body of :func:`_route`, which
 returns ``False``: the call goes through ``functools.partial``, which CPython
 calls through the function's vectorcall, and that entry point is fastmodule's
@@ -94,8 +95,9 @@ def _route(self: Any) -> bool:
 
 
 def _make_route() -> Callable[[Any], bool]:
-    """``_fastmodule_route``: called eagerly, is ``self`` a fast instance (and no
-    PEP 523 frame evaluator installed)? Traced, :func:`_route`."""
+    """``_fastmodule_route``: called eagerly, is ``self`` a fast instance (no PEP
+    523 frame evaluator installed, ``torch.compiler.is_compiling()`` false)?
+    Traced, :func:`_route`."""
     namespace = sys.modules[torch.nn.Module.__module__].__dict__
     check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
     _core.install_route_check(check, namespace, _FLAG)
