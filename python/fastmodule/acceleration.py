@@ -13,9 +13,10 @@ Acceleration is per class, so it reaches every instance of an accelerated
 class in the process; since behaviour is stock either way, that is only a
 matter of speed. ``restore`` undoes it for the classes of a tree.
 
-On CPython 3.11, which inlines calls between Python functions without their
-vectorcall, torch's whole-tree methods reach the native bodies through a
-statement put in front of their code (``fastmodule.inline_routes``).
+torch's whole-tree methods reach the native bodies through a statement put
+in front of their code (``fastmodule.inline_routes``). The classes are held
+weakly: a class made at run time (``torch.fx``, parametrization) still dies
+when nothing else holds it.
 """
 
 from __future__ import annotations
