@@ -14,7 +14,8 @@ name and qualified name, so argument errors read exactly as torch's.
 Both functions stand in for torch's method, and their frames say so: their
 code carries torch's file, the line of torch's ``def``, its name and qualified
 name (every instruction at that line), and they run with torch's module
-globals wherever every global they read is the same object there. So a
+globals wherever every global they read is the same object there (else with a
+copy of their own module's globals under torch's module identity). So a
 traceback or a ``stacklevel`` warning through them reads torch's
 ``module.py`` (and a warning filter keyed on torch's module name matches), and
 Dynamo treats them as torch's own methods: inlined when called from traced
