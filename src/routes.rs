@@ -70,10 +70,16 @@ unsafe fn compiling() -> bool {
 
 /// The router's question for a call of torch's method with `slf` first: run
 /// fastmodule's body (a fast instance, no PEP 523 frame evaluator installed,
-/// not `torch.compiler.is_compiling()`)?
+/// not `torch.compiler.is_compiling()`, no trace or profile function set on
+/// this thread: debuggers, profilers and coverage see torch's frames)?
 #[inline(always)]
 unsafe fn to_body(slf: *mut ffi::PyObject) -> bool {
-    globals().is_some_and(|g| is_fast_instance(g, slf) && !custom_eval_frame() && !compiling())
+    globals().is_some_and(|g| {
+        is_fast_instance(g, slf)
+            && !custom_eval_frame()
+            && !compiling()
+            && !crate::cpython::tracer::active()
+    })
 }
 
 unsafe extern "C" fn routed(

@@ -1627,12 +1627,12 @@ thread_local! {
     static WALK_DEPTH: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
 }
 
-/// Which text torch's own recursion would raise RecursionError with, for a
-/// walk whose stock version recurses in Python: on 3.11 every Python call
-/// counts as "while calling a Python object"; from 3.12 on, a recursion of
-/// Python frames raises the bare text, except where the recursive call is
-/// one of torch's functions that fastmodule routes (`state_dict`, `train`),
-/// which the interpreter then calls through C.
+/// Which text torch's own recursion would raise RecursionError with: on 3.11
+/// every Python call counts as "while calling a Python object"; from 3.12
+/// on, a recursion of Python frames raises the bare text (torch's routed
+/// methods keep CPython's own entry point there, so they recurse in Python
+/// too). `Routed` names walks whose stock recursion goes through a routed
+/// method (`state_dict`, `train`), `Python` the others; both read alike now.
 #[derive(Clone, Copy)]
 pub(crate) enum Recursion {
     /// torch recurses through a routed method called from torch's code.
@@ -1643,14 +1643,21 @@ pub(crate) enum Recursion {
 
 impl Recursion {
     fn text(self) -> &'static str {
-        const SUFFIXED: &str = "maximum recursion depth exceeded while calling a Python object";
-        if cfg!(Py_3_12) && matches!(self, Recursion::Python) {
-            "maximum recursion depth exceeded"
-        } else {
-            SUFFIXED
+        match self {
+            Recursion::Routed | Recursion::Python => {
+                if cfg!(Py_3_12) {
+                    "maximum recursion depth exceeded"
+                } else {
+                    "maximum recursion depth exceeded while calling a Python object"
+                }
+            }
         }
     }
 }
+
+/// Native stack an eager walk keeps in reserve (from 3.12 on): below this it
+/// raises RecursionError rather than overflow (a level takes a few KiB).
+const STACK_RESERVE: usize = 256 * 1024;
 
 /// RAII guard for one level of an eager walk: RecursionError where torch's
 /// Python recursion would exceed the recursion limit (from 3.13 on,
@@ -1661,7 +1668,10 @@ pub(crate) fn walk_depth() -> i64 {
     WALK_DEPTH.with(|d| d.get())
 }
 
-pub(crate) struct Depth;
+pub(crate) struct Depth {
+    /// Entered with `Py_EnterRecursiveCall` (to leave on drop).
+    counted: bool,
+}
 impl Depth {
     pub(crate) fn enter(py: Python<'_>, kind: Recursion) -> PyResult<Depth> {
         let depth = WALK_DEPTH.with(|d| {
@@ -1672,17 +1682,32 @@ impl Depth {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
             return Err(pyo3::exceptions::PyRecursionError::new_err(kind.text()));
         }
+        // From 3.12 on torch's Python recursion takes no native stack and
+        // does not count against CPython's C recursion limit: only the
+        // native stack itself bounds the walk. Elsewhere (3.11, or bounds
+        // unknown) CPython's own counter guards it, as a C call would.
+        if cfg!(Py_3_12) {
+            if let Some(room) = crate::cpython::stack::room() {
+                if room < STACK_RESERVE {
+                    WALK_DEPTH.with(|d| d.set(d.get() - 1));
+                    return Err(pyo3::exceptions::PyRecursionError::new_err(kind.text()));
+                }
+                return Ok(Depth { counted: false });
+            }
+        }
         if unsafe { ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) } != 0 {
             WALK_DEPTH.with(|d| d.set(d.get() - 1));
             return Err(PyErr::fetch(py));
         }
-        Ok(Depth)
+        Ok(Depth { counted: true })
     }
 }
 impl Drop for Depth {
     fn drop(&mut self) {
         WALK_DEPTH.with(|d| d.set(d.get() - 1));
-        unsafe { ffi::Py_LeaveRecursiveCall() };
+        if self.counted {
+            unsafe { ffi::Py_LeaveRecursiveCall() };
+        }
     }
 }
 

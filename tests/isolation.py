@@ -78,6 +78,8 @@ LIBRARY_PATCHES = {
     (torch.nn.Module, "__init__"),
     (torch.nn.Module, "__setstate__"),
     (torch.nn.Module, "___has_generation_tag_patch"),
+    # The same flag under its older name (torch 2.11).
+    (torch.nn.Module, "___needs_generation_tag_patch"),
     (torch.nn.Module, "smart_apply"),
 }
 # Python's own caches, also put back quietly: copyreg's slot names (first pickle, copy

@@ -73,8 +73,48 @@ def test_trace_function_sees_stock_frames(base: type[nn.Module]) -> None:
 
 def test_accelerated_model_under_a_tracer() -> None:
     stock = events_under(sys.setprofile, nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
-    m = fastmodule.accelerate(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
-    assert events_under(sys.setprofile, m) == stock
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with fastmodule.accelerated(m):
+        assert events_under(sys.setprofile, m) == stock
+
+
+def whole_tree_events(m: nn.Module) -> list[str]:
+    """Python functions called by whole-tree methods while a profile function is set."""
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        m.train()
+        list(m.named_parameters())
+        m.state_dict()
+        m.zero_grad()
+        m.float()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def collapsed(names: list[str]) -> list[str]:
+    """Runs of one name as one: ``fastmodule.Module``'s own method frame calls torch's
+    method of the same name (the README's known differences: two frames there)."""
+    return [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+
+
+def test_whole_tree_methods_under_a_profiler(base: type[nn.Module]) -> None:
+    stock = whole_tree_events(make(nn.Module))
+    assert "named_parameters" in stock and "_named_members" in stock
+    assert collapsed(whole_tree_events(make(base))) == collapsed(stock)
+
+
+def test_whole_tree_methods_of_an_accelerated_model_under_a_profiler() -> None:
+    stock = whole_tree_events(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with fastmodule.accelerated(m):
+        assert whole_tree_events(m) == stock
 
 
 def test_without_a_tracer_the_call_has_no_frames_of_its_own() -> None:

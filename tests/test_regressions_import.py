@@ -345,21 +345,9 @@ SELF_CALLS: dict[str, Callable[[nn.Module], Any]] = {
     "float": lambda m: m.float(),
     "load_state_dict": lambda m: m.load_state_dict({}),
 }
-# The native walks still use 3.11's text for these two on 3.12+ (traversal.rs /
-# state_dict.rs, `Recursion::Routed`): theirs to change.
-_ROUTED_TEXT = pytest.mark.xfail(
-    sys.version_info >= (3, 12),
-    reason="Recursion::Routed keeps '... while calling a Python object' on 3.12+",
-    strict=True,
-)
 
 
-_ROUTED = {"state_dict", "train"}
-
-
-@pytest.mark.parametrize(
-    "call", [pytest.param(n, marks=_ROUTED_TEXT) if n in _ROUTED else n for n in SELF_CALLS]
-)
+@pytest.mark.parametrize("call", list(SELF_CALLS))
 def test_26_module_containing_itself_raises_stocks_recursion_error(call: str) -> None:
     """A module that contains itself: the same RecursionError (type and text) from
     torch's method on a stock module and from fastmodule's native walk."""
@@ -495,3 +483,40 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _deep_chain_outcomes(base: type[nn.Module], depth: int) -> list[Any]:
+    class Chain(base):  # type: ignore[misc, valid-type]
+        pass
+
+    root = cur = Chain()
+    for _ in range(depth):
+        nxt = Chain()
+        cur.add_module("a", nxt)
+        cur = nxt
+    cur.add_module("lin", nn.Linear(1, 1))
+    out: list[Any] = []
+    for call in (
+        lambda: root.train() is root,
+        lambda: len(root.state_dict()),
+        lambda: root.apply(lambda m: None) is root,
+        lambda: root.float() is root,
+        lambda: len(list(root.named_parameters())),
+    ):
+        try:
+            out.append(call())
+        except RecursionError as e:
+            out.append(("RecursionError", str(e)))
+    return out
+
+
+def test_deep_tree_under_a_raised_recursion_limit_walks_as_stock() -> None:
+    """A 3000-level tree under a recursion limit of 10000: stock's Python recursion
+    takes no native stack (nor, from 3.12 on, CPython's C recursion limit of 1500),
+    and fastmodule's native walks get as deep (26's deep-tree half, by design)."""
+    from tests.isolation import at_fixed_depth
+
+    stock = at_fixed_depth(lambda: _deep_chain_outcomes(nn.Module, 3000), limit=10000)
+    assert stock == [True, 2, True, True, 2]
+    fast = at_fixed_depth(lambda: _deep_chain_outcomes(fastmodule.Module, 3000), limit=10000)
+    assert fast == stock

@@ -32,9 +32,13 @@ def base_of(side: str) -> type[nn.Module]:
     return fastmodule.Module if side == "fast" else nn.Module
 
 
+ACCELERATED: list[nn.Module] = []
+
+
 def maybe_accelerate(side: str, m: nn.Module) -> nn.Module:
     if side == "fast":
         fastmodule.accelerate(m)
+        ACCELERATED.append(m)
     return m
 
 
@@ -63,7 +67,11 @@ def both(scenario: Scenario) -> None:
     """Run ``scenario`` on each side, collecting garbage in between; equal results."""
     results = []
     for side in SIDES:
-        results.append(outcome(lambda side=side: scenario(side)))
+        try:
+            results.append(outcome(lambda side=side: scenario(side)))
+        finally:
+            while ACCELERATED:
+                fastmodule.restore(ACCELERATED.pop())
         gc.collect()
     assert results[0] == results[1]
 
@@ -339,8 +347,7 @@ def linear_leaf_error_pending(side: str) -> Any:
 def relu_and_sequential_colliding_keys(side: str) -> Any:
     seq = maybe_accelerate(side, nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     relu = seq[1]
-    if side == "fast":
-        fastmodule.accelerate(relu)
+    maybe_accelerate(side, relu)
     RKey = colliding("inplace")
     relu.__dict__[RKey()] = None
     SKey = colliding("0")

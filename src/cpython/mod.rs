@@ -14,8 +14,10 @@
 //! - [`str_keys`]: a dict whose keys are all exact `str`, by reading them
 //!   (any key-table kind; `OrderedDict` too).
 //! - [`tracer`]: is a trace or profile function set on this thread?
+//! - [`stack`]: how much of this thread's native stack is left?
 pub mod owned;
 pub mod quiet;
+pub mod stack;
 pub mod str_keys;
 pub mod tracer;
 
