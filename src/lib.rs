@@ -150,6 +150,13 @@ fn confirm_tracer_fields() -> bool {
     cpython::tracer::confirm()
 }
 
+/// Switch the tracer check on or off (for tests that watch the native paths
+/// with a profile function); returns the previous setting.
+#[pyfunction]
+fn set_tracer_check(on: bool) -> bool {
+    cpython::tracer::set_checking(on)
+}
+
 /// Can the call path tell that a trace or profile function is set?
 #[pyfunction]
 fn tracer_check_known() -> bool {
@@ -341,6 +348,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(locate_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(confirm_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;
+    m.add_function(wrap_pyfunction!(set_tracer_check, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
     m.add_class::<traversal::NamedModules>()?;
     m.add_class::<traversal::NamedMembers>()?;

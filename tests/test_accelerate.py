@@ -1128,11 +1128,15 @@ def torch_frames(calls: Callable[[], Any]) -> set[str]:
         if event == "call" and code.co_filename == torch_file and code not in ours:
             names.add(code.co_name)
 
+    # With a profile function set, fastmodule hands every call to torch's code (so
+    # profilers see stock frames): switched off here, to watch the native routes.
+    was = _core.set_tracer_check(False)
     sys.setprofile(prof)
     try:
         calls()
     finally:
         sys.setprofile(None)
+        _core.set_tracer_check(was)
     return names
 
 

@@ -100,3 +100,6 @@ def confirm_tracer_fields() -> bool:
 
 def tracer_check_known() -> bool:
     """Can the call path tell that a trace or profile function is set?"""
+
+def set_tracer_check(on: bool) -> bool:
+    """Switch the tracer check on or off (tests); returns the previous setting."""

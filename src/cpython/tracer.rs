@@ -13,7 +13,7 @@
 //! they are unset. Until both succeed the check answers "no" and
 //! `fastmodule.diagnostics()` says that tracers see fastmodule's frames.
 use pyo3::ffi;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Byte offset of `c_profilefunc` (then `c_tracefunc`) in `PyThreadState`;
 /// 0 while unknown (offset 0 is `prev`, never these fields).
@@ -24,11 +24,15 @@ static CANDIDATE: AtomicUsize = AtomicUsize::new(0);
 /// within the first dozen or so on every version checked).
 const SEARCH_WORDS: usize = 40;
 
+/// Off: [`active`] answers no (tests that watch the native paths with a
+/// profile function of their own switch it off meanwhile).
+static CHECKING: AtomicBool = AtomicBool::new(true);
+
 /// Is a trace or profile function set on the calling thread?
 #[inline(always)]
 pub unsafe fn active() -> bool {
     let off = FUNCS.load(Ordering::Relaxed);
-    if off == 0 {
+    if off == 0 || !CHECKING.load(Ordering::Relaxed) {
         return false;
     }
     let ts = ffi::PyThreadState_Get() as *const u8;
@@ -77,4 +81,9 @@ pub fn confirm() -> bool {
 /// Was the layout found and confirmed?
 pub fn known() -> bool {
     FUNCS.load(Ordering::Relaxed) != 0
+}
+
+/// Switch the check on or off; returns the previous setting.
+pub fn set_checking(on: bool) -> bool {
+    CHECKING.swap(on, Ordering::Relaxed)
 }
