@@ -53,8 +53,8 @@ def throw(exc: BaseException) -> Callable[..., None]:
 
 
 def make_classes(base: type[nn.Module], log: Log) -> dict[str, type[nn.Module]]:
-    """One side's classes. Every forward logs itself; a module whose ``fail`` attribute
-    is set raises that exception from its forward / ``_load_from_state_dict``."""
+    """One side's classes. Every forward logs itself; a Leaf or Node whose ``fail``
+    attribute is set raises that exception from its forward."""
 
     class Leaf(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -113,8 +113,8 @@ def build(base: type[nn.Module], log: Log, bn: bool = True) -> nn.Module:
     root.c = c["Leaf"]()
     root.again = root.a
     root.register_parameter("tied", root.seq.x.w)
-    for name, m in nn.Module.named_modules(root):
-        m.__dict__["tag"] = name or "root"
+    for m in modules_in_order(root):
+        m.__dict__["tag"] = ".".join(Index(root).label(m)[1]) or "root"
     return root
 
 
@@ -125,9 +125,9 @@ def tree(side: str, log: Log, bn: bool = True) -> Iterator[nn.Module]:
     if side != "accel":
         yield root
         return
-    classes = {type(m) for m in nn.Module.modules(root)}
+    classes = {type(m) for m in modules_in_order(root)}
     fastmodule.accelerate(root)
-    assert all(fastmodule.is_accelerated(m) for m in nn.Module.modules(root))
+    assert all(fastmodule.is_accelerated(m) for m in modules_in_order(root))
     try:
         yield root
     finally:
@@ -136,8 +136,8 @@ def tree(side: str, log: Log, bn: bool = True) -> Iterator[nn.Module]:
 
 
 def modules_in_order(root: nn.Module) -> list[nn.Module]:
-    """Modules by registry order (torch's own walk, unaccelerated: nn.Module's code)."""
-    return [m for _, m in nn.Module.named_modules(root)]
+    """Modules in named_modules order, read from the registries (no walk under test)."""
+    return Index(root).modules
 
 
 # --------------------------------------------------------------------------- observing
@@ -461,15 +461,25 @@ def test_apply_fn_counts_cover_the_tree() -> None:
 
 
 class Fragile(torch.Tensor):
-    """A tensor subclass whose conversions raise while ``Fragile.armed``."""
+    """A tensor subclass whose methods named in ``Fragile.refuse`` raise."""
 
-    armed = False
+    refuse: frozenset[str] = frozenset()
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if cls.armed and getattr(func, "__name__", "") in ("to", "double", "half", "float"):
-            raise Boom(f"cannot convert ({func.__name__})")
+        name = getattr(func, "__name__", "")
+        if name in cls.refuse:
+            raise Boom(f"cannot {name}")
         return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@contextlib.contextmanager
+def refusing(*names: str) -> Iterator[None]:
+    Fragile.refuse = frozenset(names)
+    try:
+        yield
+    finally:
+        Fragile.refuse = frozenset()
 
 
 @pytest.mark.parametrize("at", AT)
@@ -485,11 +495,8 @@ def test_conversion_meeting_a_tensor_that_refuses(at: int, call: str) -> None:
         target.register_buffer("fragile", torch.ones(2).as_subclass(Fragile))
         ix.extend(root)
         warm(root)
-        Fragile.armed = True
-        try:
+        with refusing("to", "double", "half", "float"):
             first = outcome(lambda: ix.label(eval(f"root.{call}")))
-        finally:
-            Fragile.armed = False
         state = snapshot(root, ix)
         again = []
         for c in (call, call, "float()", "float()"):
@@ -506,15 +513,60 @@ def test_conversion_meeting_a_grad_that_refuses() -> None:
     def sc(root: nn.Module, ix: Index, log: Log) -> Any:
         warm(root)
         root.seq.y.w.grad = torch.ones(2).as_subclass(Fragile)
-        Fragile.armed = True
-        try:
+        with refusing("to", "double"):
             first = outcome(lambda: ix.label(root.double()))
-        finally:
-            Fragile.armed = False
         return (
             first,
             snapshot(root, ix),
             [outcome(lambda: ix.label(root.double())) for _ in range(2)],
+        )
+
+    assert_same(sc)
+
+
+@pytest.mark.parametrize("at", AT[1:])
+@pytest.mark.parametrize("set_to_none", [False, True])
+@pytest.mark.parametrize("refuse", ["zero_", "requires_grad_"])
+def test_zero_grad_meeting_a_grad_that_refuses(at: int, set_to_none: bool, refuse: str) -> None:
+    """The ``at``-th module's parameter has a grad whose ``zero_`` or
+    ``requires_grad_`` raises (set_to_none=False calls both): grads before it are
+    zeroed, the rest kept; then zero_grad twice again."""
+
+    def sc(root: nn.Module, ix: Index, log: Log) -> Any:
+        warm(root)
+        give_grads(root)
+        target = modules_in_order(root)[at]
+        p = next(iter(target._parameters.values()), None)
+        if p is not None:
+            p.grad = p.grad.detach().as_subclass(Fragile) if p.grad is not None else None
+        with refusing(refuse):
+            first = outcome(lambda: root.zero_grad(set_to_none))
+        state = snapshot(root, ix)
+        give_grads(root)
+        return first, state, [outcome(lambda: root.zero_grad(set_to_none)) for _ in range(2)]
+
+    assert_same(sc)
+
+
+@pytest.mark.parametrize("at", AT[1:])
+@pytest.mark.parametrize("flag", [False, True])
+def test_requires_grad_meeting_a_parameter_that_refuses(at: int, flag: bool) -> None:
+    """``requires_grad_(flag)`` reaches a parameter (a Fragile one) whose
+    ``requires_grad_`` raises: parameters before it are switched, the rest not."""
+
+    def sc(root: nn.Module, ix: Index, log: Log) -> Any:
+        warm(root)
+        root.requires_grad_(not flag)
+        target = modules_in_order(root)[at]
+        target.fragile = nn.Parameter(torch.ones(2).as_subclass(Fragile), requires_grad=not flag)
+        ix.extend(root)
+        with refusing("requires_grad_"):
+            first = outcome(lambda: ix.label(root.requires_grad_(flag)))
+        state = snapshot(root, ix)
+        return (
+            first,
+            state,
+            [outcome(lambda: ix.label(root.requires_grad_(flag))) for _ in range(2)],
         )
 
     assert_same(sc)
@@ -616,7 +668,8 @@ def test_keyboard_interrupt_from_a_finalizer_is_unraisable() -> None:
 
         def fire() -> None:
             # Where the walk is when the old buffer is freed: what is converted yet.
-            log.append(("finalizer", [str(t.dtype) for t in nn.Module.buffers(root)]))
+            dtypes = [str(t.dtype) for m in ix.modules for t in m._buffers.values()]
+            log.append(("finalizer", dtypes))
             raise KeyboardInterrupt
 
         fin = weakref.finalize(root.seq.x.watched, fire)
