@@ -164,9 +164,12 @@ class FuzzMachine(RuleBasedStateMachine):
         self.worlds = [World(side, self.worker) for side in SIDES]
         self.hooks = 0
         self.global_handles: dict[int, Any] = {}
+        self.patches: dict[str, Callable[[], None]] = {}
         trace("--- example")
 
     def teardown(self) -> None:
+        for undo in self.patches.values():
+            undo()
         for h in self.global_handles.values():
             h.remove()
         for w in self.worlds:
@@ -496,6 +499,30 @@ class FuzzMachine(RuleBasedStateMachine):
             return list(getattr(m, op)())
 
         self.step(f"container {t} {op} {i}", go)
+
+    @rule(t=index, name=st.sampled_from(fw.SHADOWED), how=st.sampled_from(["call", "weird", "del"]))
+    @traced
+    def shadow(self, t: int, name: str, how: str) -> None:
+        """An instance attribute shadows (or stops shadowing) one of the module's methods."""
+
+        def go(w: World) -> Any:
+            m = w.at(t)
+            if how == "del":
+                return m.__dict__.pop(name, None) is not None
+            m.__dict__[name] = fw.shadow(w, m, name, how == "weird")
+            return None
+
+        self.step(f"shadow {t} {name} {how}", go)
+
+    @rule(name=st.sampled_from(fw.PATCHED))
+    @traced
+    def patch_torch(self, name: str) -> None:
+        """A library patches ``torch.nn.Module.<name>`` (or takes its patch back)."""
+        if name in self.patches:
+            self.patches.pop(name)()
+        else:
+            self.patches[name] = fw.patch_torch(name)
+        STEPS[0] += 1
 
     # ------------------------------------------------------------------ parametrize, prune
 
