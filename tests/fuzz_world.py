@@ -443,8 +443,9 @@ class World:
         return None
 
     def make(self, kind: str) -> nn.Module:
-        # Seeded by the serial, so every world draws the same initial values.
-        torch.manual_seed(self._serial)
+        # Seeded by the serial, so every world draws the same initial values (the CPU
+        # generator itself: torch.manual_seed takes a lock a GC finalizer may re-enter).
+        torch.default_generator.manual_seed(self._serial)
         m = self.new(self.fam[kind]())
         for t in list(m.__dict__["_parameters"].values()) + list(m.__dict__["_buffers"].values()):
             if t is not None:

@@ -63,33 +63,35 @@ from tests.fuzz_world import (
 CI_EXAMPLES = 60
 STEPS_PER_EXAMPLE = 40
 
-# Known defects the machine would otherwise hit again and again, each with its repro in
-# /work/shared/reference/repros/ (README there). A step that needs one of these features
-# is skipped while it is listed here.
-# TODO(issue 17): drop each entry once its repro passes.
+# Known defects the machine would otherwise hit again and again. A step that needs one
+# of these features is skipped while it is listed here. Each names the tests that fail
+# until it is fixed (tests/test_parity_fuzz_findings.py: F, tests/test_parity_faults.py)
+# and the reproducers in /work/shared/reference/repros/ of the same code paths.
+# TODO(issue 17): drop each entry once its tests pass, and run the machine locally.
 KNOWN: dict[str, str] = {
     # Non-str keys in instance dicts: fast paths that cache what they read from an
-    # instance dict skip (or repeat) lookups whose colliding key's __eq__ stock runs on
-    # every read: the call's "forward" (found/01), a walk's registry (found/02), the
-    # Linear leaf's "weight" (found/04); borrowed pointers across such lookups: repros
-    # 10, 11, 13, 15.
-    "colliding_key instance": "found/01, 02, 04; repros 10, 11, 13, 15",
+    # instance dict skip or repeat lookups whose colliding key's __eq__ stock runs on
+    # every read: the call's "forward", a walk's registry name, the Linear leaf's
+    # "weight"; borrowed pointers across such lookups: repros 10, 11, 13, 15.
+    "colliding_key instance": "F: test_call_looks_forward_up_in_the_instance_dict_every_time, "
+    "test_walk_reads_a_colliding_registry_name_once, "
+    "test_linear_reads_weight_through_the_instance_dict_every_call; repros 10, 11, 13, 15",
     # A key equal to a registered name: torch's __getattr__ looks it up twice (`in`,
-    # then `[]`), fast once (found/05; repro 10 is the same read's borrowed registry).
-    "colliding_key _parameters equal": "found/05",
-    "colliding_key _buffers equal": "found/05",
-    "colliding_key _modules equal": "found/05",
-    # train(): "training" looked up in the registries 3 times, then never (replays),
-    # stock once per call (found/07; repros 13, 14 are the same lookups' pointers).
-    "colliding_key _parameters unequal training": "found/07",
-    "colliding_key _buffers unequal training": "found/07",
-    "colliding_key _modules unequal training": "found/07",
+    # then `[]`), fast once (repro 10 is the same read's borrowed registry).
+    "colliding_key _parameters equal": "F: test_getattr_tests_then_reads_the_registry",
+    "colliding_key _buffers equal": "F: test_getattr_tests_then_reads_the_registry",
+    "colliding_key _modules equal": "F: test_getattr_tests_then_reads_the_registry",
+    # train(): "training" looked up in the registries 3 times, then never (replays);
+    # stock once per module per call (repros 13, 14: the same lookups' pointers).
+    "colliding_key _parameters unequal training": "F: test_train_tests_training_against_...",
+    "colliding_key _buffers unequal training": "F: test_train_tests_training_against_...",
+    "colliding_key _modules unequal training": "F: test_train_tests_training_against_...",
     # load: a None buffer under a key colliding with a non-persistent name is tested
-    # against the set by torch, skipped by fast (found/08).
-    "colliding_key _buffers unequal nb": "found/08",
+    # against the set by torch, skipped by fast (repro 04: the same set's lookups).
+    "colliding_key _buffers unequal nb": "F: test_load_tests_every_buffer_key_against_...",
     # _apply frees a replaced buffer when it stores the new one; torch's loop holds it
-    # in a local until the next item (found/06).
-    "on_free buffer": "found/06",
+    # in a local until the next item.
+    "on_free buffer": "test_parity_faults.py::test_finalizer_changing_the_buffers_mid_conversion",
 }
 
 TRACE = os.environ.get("FASTMODULE_FUZZ_TRACE")

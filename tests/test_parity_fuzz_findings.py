@@ -1,0 +1,213 @@
+"""Differences the state-machine fuzzer found (tests/test_fuzz_state_machine.py), each as
+a small scenario run on stock ``torch.nn.Module`` and on ``fastmodule.Module``.
+
+Most are about code that runs during a dict or set lookup: a non-str key whose hash
+equals a name's has its ``__eq__`` called by every lookup of that name, so how many
+lookups torch's code makes (and where) is observable. The fuzzer switches these
+features off while they differ (its ``KNOWN`` table names these tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import fastmodule
+from tests.conftest import BASES, outcome
+
+Base = type[nn.Module]
+
+
+class Colliding:
+    """A key equal in hash to ``name``; ``__eq__`` logs and answers ``equal``."""
+
+    def __init__(self, name: str, log: list[Any], equal: bool = False) -> None:
+        self.name, self.log, self.equal = name, log, equal
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        self.log.append(other)
+        return self.equal and other == self.name
+
+
+def same_on_both(scenario: Any) -> None:
+    stock, fast = (outcome(lambda b=b: scenario(b)) for b in BASES)
+    assert fast == stock
+
+
+def node_class(base: Base) -> type[nn.Module]:
+    class Node(base):  # type: ignore[misc, valid-type]
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for c in self._modules.values():
+                if c is not None:
+                    x = c(x)
+            return x
+
+    return Node
+
+
+def test_call_looks_forward_up_in_the_instance_dict_every_time() -> None:
+    """``m(x)`` reads ``self.forward``: one instance-dict lookup per call, even when
+    the previous call found nothing there. (found/01)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.leaf = node()
+        root.leaf.__dict__[Colliding("forward", log)] = 5
+        out = []
+        for _ in range(3):
+            root(torch.zeros(1))
+            root.leaf(torch.zeros(1))
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_walk_reads_a_colliding_registry_name_once() -> None:
+    """A module whose ``_buffers`` name is found through a non-str key: each
+    named_buffers walk looks it up once. (found/02)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.e = node()
+        root.e._buffers = node()  # a submodule named "_buffers": the registry leaves __dict__
+        root.e.__dict__[Colliding("_buffers", log, equal=True)] = 5
+        out = []
+        for _ in range(3):
+            out.append((outcome(lambda: [n for n, _ in root.named_buffers()]), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_linear_reads_weight_through_the_instance_dict_every_call() -> None:
+    """torch's ``Linear.forward`` reads ``self.weight``: one instance-dict lookup per
+    call, so a colliding key's ``__eq__`` runs once per call. (found/04)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        lin_cls = type("Lin", (b, nn.Linear) if b is not nn.Module else (nn.Linear,), {})
+        root = node_class(b)()
+        torch.manual_seed(0)
+        root.lin = lin_cls(2, 2)
+        root.lin.__dict__[Colliding("weight", log)] = 5
+        out = []
+        for _ in range(3):
+            root(torch.ones(3, 2))
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("registry", ["_parameters", "_buffers", "_modules"])
+def test_getattr_tests_then_reads_the_registry(registry: str) -> None:
+    """torch's ``__getattr__`` tests ``name in registry`` and then reads
+    ``registry[name]``: two lookups, two ``__eq__`` calls of a key equal to the
+    name. (found/05)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        m = node()
+        value: Any = {
+            "_parameters": nn.Parameter(torch.ones(1)),
+            "_buffers": torch.ones(1),
+            "_modules": node(),
+        }[registry]
+        m.__dict__[registry][Colliding("x", log, equal=True)] = value
+        out = []
+        for _ in range(2):
+            out.append((type(m.x).__name__, log[:]))
+            log.clear()
+            out.append((hasattr(m, "x"), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("registry", ["_parameters", "_buffers", "_modules"])
+def test_train_tests_training_against_each_registry_every_call(registry: str) -> None:
+    """``train()`` sets ``training`` through torch's ``__setattr__``, which tests the
+    name against the registries on every call (recorded replays included). (found/07)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.a = node()
+        root.seq = node()
+        root.seq.__dict__[registry][Colliding("training", log)] = None
+        out = []
+        for i in range(4):
+            root.train(i % 2 == 0)
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_load_tests_every_buffer_key_against_the_non_persistent_set() -> None:
+    """torch's ``_load_from_state_dict`` tests every buffer key, None entries
+    included, against ``_non_persistent_buffers_set``. (found/08)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+
+        class Leaf(b):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(2))
+                self.register_buffer("nb", torch.zeros(2), persistent=False)
+
+        root = node_class(b)()
+        root.leaf = Leaf()
+        root.leaf._buffers[Colliding("nb", log)] = None
+        sd = root.state_dict()
+        out = []
+        for _ in range(3):
+            out.append((str(root.load_state_dict(sd)), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_accelerated_stock_tree_matches_too() -> None:
+    """The first scenario above on stock classes accelerated in place."""
+    from fastmodule import _core
+
+    def run(accelerate: bool) -> Any:
+        log: list[Any] = []
+        node = node_class(nn.Module)
+        root = node()
+        root.leaf = node()
+        root.leaf.__dict__[Colliding("forward", log)] = 5
+        if accelerate:
+            fastmodule.accelerate(root)
+        try:
+            out = []
+            for _ in range(3):
+                root(torch.zeros(1))
+                out.append(log[:])
+                log.clear()
+            return out
+        finally:
+            _core.restore_class(node)
+
+    assert run(True) == run(False)
