@@ -59,8 +59,8 @@ from tests.fuzz_world import (
     World,
 )
 
-# Defaults of the bounded CI run (about 35 s on a busy 2-core machine).
-CI_EXAMPLES = 60
+# Defaults of the bounded CI run: about 4000 steps, 20-40 s on a busy 2-core machine.
+CI_EXAMPLES = 120
 STEPS_PER_EXAMPLE = 40
 
 # Known defects the machine would otherwise hit again and again. A step that needs one
