@@ -53,8 +53,9 @@ NAMES = [
     "forward",
     "a.b",
     "",
-    "_buffers",
 ]
+# Registry names as attribute names: the machine adds them to NAMES unless switched off.
+REGISTRY_NAMES = ["_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"]
 
 MODULE_KINDS = [
     "Node",

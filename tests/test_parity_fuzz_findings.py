@@ -211,3 +211,51 @@ def test_accelerated_stock_tree_matches_too() -> None:
             _core.restore_class(node)
 
     assert run(True) == run(False)
+
+
+SETATTR_UNDER_REGISTRY_NAME = """
+import sys, torch, torch.nn as nn, fastmodule
+Base = fastmodule.Module if sys.argv[1] == "fast" else nn.Module
+
+class M(Base):
+    def forward(self, x):
+        return x
+
+for name in ("_buffers", "_parameters", "_non_persistent_buffers_set", "_modules"):
+    for value in (M(), nn.Parameter(torch.ones(1)), 5):
+        m = M()
+        try:
+            setattr(m, name, value)
+            r = "ok"
+        except Exception as e:
+            r = f"{type(e).__name__}: {e}"
+        d = m.__dict__
+        print(name, type(value).__name__, r, sorted(k for k in d if "hooks" not in k), flush=True)
+        mods = d.get("_modules")
+        if isinstance(mods, dict):
+            mods = {k: type(v).__name__ for k, v in mods.items()}
+        print("  ", type(mods).__name__, mods if isinstance(mods, dict) else "", flush=True)
+"""
+
+
+def test_setattr_under_a_registry_name() -> None:
+    """``m._buffers = Module()`` (and the other registries, other values): torch's
+    ``__setattr__`` deletes the registry from ``__dict__`` while ``remove_from``'s
+    arguments still hold it. Run in a subprocess under the debug allocator: fast used
+    the freed registry (a crash). (found/09)"""
+    import subprocess
+    import sys
+
+    def run(side: str) -> tuple[int, str]:
+        p = subprocess.run(
+            [sys.executable, "-X", "dev", "-c", SETATTR_UNDER_REGISTRY_NAME, side],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**__import__("os").environ, "PYTHONMALLOC": "debug"},
+        )
+        return p.returncode, p.stdout
+
+    stock = run("stock")
+    assert stock[0] == 0
+    assert run("fast") == stock
