@@ -847,13 +847,16 @@ PATCHED = [
 
 def shadow(world: World, m: nn.Module, name: str, weird: bool) -> Callable[..., Any]:
     """An instance attribute shadowing method ``name`` of ``m``: it logs, then calls the
-    class's method (or, ``weird``, returns something of another kind)."""
-    method = getattr(type(m), name, None)
+    class's method (or, ``weird``, returns something of another kind). The method is
+    looked up at each call: one taken before a patch of torch.nn.Module would run
+    torch's original on stock and the patch on fastmodule.Module, whose methods are
+    its own (README; found/10)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if world.dead:
             return None
         world.log.append(("shadow", name, world.label(m)))
+        method = getattr(type(m), name, None)
         if weird or method is None:
             if name.startswith("named"):
                 return iter([("weird", 17)])

@@ -188,6 +188,36 @@ def test_load_tests_every_buffer_key_against_the_non_persistent_set() -> None:
     same_on_both(sc)
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_tests_the_non_persistent_set_once_per_buffer(strict: bool) -> None:
+    """A non-str element equal to the buffer name "b" in
+    ``_non_persistent_buffers_set``: torch's load tests each buffer key against the set
+    once per load (unexpected keys present); fast twice. (found/11)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+
+        class Leaf(b):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(2))
+                self.register_buffer("b", torch.zeros(2))
+
+        root = node_class(b)()
+        root.leaf = Leaf()
+        sd = {"leaf.w": torch.ones(2), "leaf.b": torch.ones(2), "leaf.zz": torch.ones(2)}
+        root.leaf._non_persistent_buffers_set.add(Colliding("b", log, equal=True))
+        out = []
+        for _ in range(2):
+            out.append((outcome(lambda: str(root.load_state_dict(sd, strict=strict))), log[:]))
+            log.clear()
+            out.append((list(root.state_dict()), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
 def test_accelerated_stock_tree_matches_too() -> None:
     """The first scenario above on stock classes accelerated in place."""
     from fastmodule import _core
