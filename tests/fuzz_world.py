@@ -99,7 +99,9 @@ CURRENT: list[World | None] = [None]
 
 
 def clean(text: str) -> str:
-    """An exception or warning text without object addresses (they differ per world)."""
+    """An exception or warning text without object addresses (they differ per world),
+    and with the fast side's base class named as stock's (the "Base" kind)."""
+    text = text.replace("fastmodule.module.Module", "torch.nn.modules.module.Module")
     return _ADDRESS.sub("0x?", text)
 
 

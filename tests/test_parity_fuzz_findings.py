@@ -268,24 +268,67 @@ for name in ("_buffers", "_parameters", "_non_persistent_buffers_set", "_modules
 """
 
 
+def run_script(script: str, side: str) -> tuple[int, str]:
+    """``script`` run with argument ``side`` in a fresh interpreter under the debug
+    allocator (a use-after-free crashes there): exit status and output."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", script, side],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONMALLOC": "debug"},
+    )
+    return p.returncode, p.stdout
+
+
 def test_setattr_under_a_registry_name() -> None:
     """``m._buffers = Module()`` (and the other registries, other values): torch's
     ``__setattr__`` deletes the registry from ``__dict__`` while ``remove_from``'s
     arguments still hold it. Run in a subprocess under the debug allocator: fast used
     the freed registry (a crash). (found/09)"""
-    import subprocess
-    import sys
-
-    def run(side: str) -> tuple[int, str]:
-        p = subprocess.run(
-            [sys.executable, "-X", "dev", "-c", SETATTR_UNDER_REGISTRY_NAME, side],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**__import__("os").environ, "PYTHONMALLOC": "debug"},
-        )
-        return p.returncode, p.stdout
-
-    stock = run("stock")
+    stock = run_script(SETATTR_UNDER_REGISTRY_NAME, "stock")
     assert stock[0] == 0
-    assert run("fast") == stock
+    assert run_script(SETATTR_UNDER_REGISTRY_NAME, "fast") == stock
+
+
+GETATTR_DICT_REPLACED = """
+import sys, torch, torch.nn as nn, fastmodule
+Base = fastmodule.Module if sys.argv[1] == "fast" else nn.Module
+
+class M(Base):
+    def forward(self, x):
+        return x
+
+m = M()
+m.register_buffer("running_mean", torch.zeros(2))
+
+class Key:
+    armed = True
+    def __hash__(self):
+        return hash("running_mean")
+    def __eq__(self, other):
+        if Key.armed:
+            Key.armed = False
+            junk = [{} for _ in range(100)]
+            m.__dict__ = dict(m.__dict__)
+            del junk
+        return False
+
+m._parameters[Key()] = None
+print(m.running_mean, flush=True)
+print(m.running_mean, flush=True)
+"""
+
+
+def test_getattr_survives_the_instance_dict_replaced() -> None:
+    """Reading a buffer whose lookup in ``_parameters`` meets a colliding key whose
+    ``__eq__`` replaces the module's ``__dict__`` (the old one freed): torch's
+    ``__getattr__`` goes on with the registries it holds; fast read the freed
+    instance dict (a crash). (found/12; repro 10 frees the registry instead)"""
+    stock = run_script(GETATTR_DICT_REPLACED, "stock")
+    assert stock[0] == 0
+    assert run_script(GETATTR_DICT_REPLACED, "fast") == stock
