@@ -1,0 +1,339 @@
+"""Differences the state-machine fuzzer found (tests/test_fuzz_state_machine.py), each as
+a small scenario run on stock ``torch.nn.Module`` and on ``fastmodule.Module``.
+
+Most are about code that runs during a dict or set lookup: a non-str key whose hash
+equals a name's has its ``__eq__`` called by every lookup of that name, so how many
+lookups torch's code makes (and where) is observable. The fuzzer switches these
+features off while they differ (its ``KNOWN`` table names these tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import fastmodule
+from tests.conftest import BASES, outcome
+
+Base = type[nn.Module]
+
+
+class Colliding:
+    """A key equal in hash to ``name``; ``__eq__`` logs and answers ``equal``."""
+
+    def __init__(self, name: str, log: list[Any], equal: bool = False) -> None:
+        self.name, self.log, self.equal = name, log, equal
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        self.log.append(other)
+        return self.equal and other == self.name
+
+
+def same_on_both(scenario: Any) -> None:
+    stock, fast = (outcome(lambda b=b: scenario(b)) for b in BASES)
+    assert fast == stock
+
+
+def node_class(base: Base) -> type[nn.Module]:
+    class Node(base):  # type: ignore[misc, valid-type]
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for c in self._modules.values():
+                if c is not None:
+                    x = c(x)
+            return x
+
+    return Node
+
+
+def test_call_looks_forward_up_in_the_instance_dict_every_time() -> None:
+    """``m(x)`` reads ``self.forward``: one instance-dict lookup per call, even when
+    the previous call found nothing there. (found/01)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.leaf = node()
+        root.leaf.__dict__[Colliding("forward", log)] = 5
+        out = []
+        for _ in range(3):
+            root(torch.zeros(1))
+            root.leaf(torch.zeros(1))
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_walk_reads_a_colliding_registry_name_once() -> None:
+    """A module whose ``_buffers`` name is found through a non-str key: each
+    named_buffers walk looks it up once. (found/02)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.e = node()
+        root.e._buffers = node()  # a submodule named "_buffers": the registry leaves __dict__
+        root.e.__dict__[Colliding("_buffers", log, equal=True)] = 5
+        out = []
+        for _ in range(3):
+            out.append((outcome(lambda: [n for n, _ in root.named_buffers()]), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_linear_reads_weight_through_the_instance_dict_every_call() -> None:
+    """torch's ``Linear.forward`` reads ``self.weight``: one instance-dict lookup per
+    call, so a colliding key's ``__eq__`` runs once per call. (found/04)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        lin_cls = type("Lin", (b, nn.Linear) if b is not nn.Module else (nn.Linear,), {})
+        root = node_class(b)()
+        torch.manual_seed(0)
+        root.lin = lin_cls(2, 2)
+        root.lin.__dict__[Colliding("weight", log)] = 5
+        out = []
+        for _ in range(3):
+            root(torch.ones(3, 2))
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("registry", ["_parameters", "_buffers", "_modules"])
+@pytest.mark.parametrize("equal", [True, False], ids=["key_equal", "key_before_entry"])
+def test_getattr_tests_then_reads_the_registry(registry: str, equal: bool) -> None:
+    """torch's ``__getattr__`` tests ``name in registry`` and then reads
+    ``registry[name]``: two lookups, so a colliding key met on the way (equal to the
+    name, or unequal but inserted before the name's entry) has its ``__eq__`` run
+    twice per read; fast runs it once. (found/05)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        m = node()
+        value: Any = {
+            "_parameters": nn.Parameter(torch.ones(1)),
+            "_buffers": torch.ones(1),
+            "_modules": node(),
+        }[registry]
+        m.__dict__[registry][Colliding("x", log, equal=equal)] = None if not equal else value
+        if not equal:
+            m.__dict__[registry]["x"] = value
+        log.clear()
+        out = []
+        for _ in range(2):
+            out.append((type(m.x).__name__, log[:]))
+            log.clear()
+            out.append((hasattr(m, "x"), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("registry", ["_parameters", "_buffers", "_modules"])
+def test_train_tests_training_against_each_registry_every_call(registry: str) -> None:
+    """``train()`` sets ``training`` through torch's ``__setattr__``, which tests the
+    name against the registries on every call (recorded replays included). (found/07)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+        node = node_class(b)
+        root = node()
+        root.a = node()
+        root.seq = node()
+        root.seq.__dict__[registry][Colliding("training", log)] = None
+        out = []
+        for i in range(4):
+            root.train(i % 2 == 0)
+            out.append(log[:])
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_load_tests_every_buffer_key_against_the_non_persistent_set() -> None:
+    """torch's ``_load_from_state_dict`` tests every buffer key, None entries
+    included, against ``_non_persistent_buffers_set``. (found/08)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+
+        class Leaf(b):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(2))
+                self.register_buffer("nb", torch.zeros(2), persistent=False)
+
+        root = node_class(b)()
+        root.leaf = Leaf()
+        root.leaf._buffers[Colliding("nb", log)] = None
+        sd = root.state_dict()
+        out = []
+        for _ in range(3):
+            out.append((str(root.load_state_dict(sd)), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_tests_the_non_persistent_set_once_per_buffer(strict: bool) -> None:
+    """A non-str element equal to the buffer name "b" in
+    ``_non_persistent_buffers_set``: torch's load tests each buffer key against the set
+    once per load (unexpected keys present); fast twice. (found/11)"""
+
+    def sc(b: Base) -> Any:
+        log: list[Any] = []
+
+        class Leaf(b):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(2))
+                self.register_buffer("b", torch.zeros(2))
+
+        root = node_class(b)()
+        root.leaf = Leaf()
+        sd = {"leaf.w": torch.ones(2), "leaf.b": torch.ones(2), "leaf.zz": torch.ones(2)}
+        root.leaf._non_persistent_buffers_set.add(Colliding("b", log, equal=True))
+        out = []
+        for _ in range(2):
+            out.append((outcome(lambda: str(root.load_state_dict(sd, strict=strict))), log[:]))
+            log.clear()
+            out.append((list(root.state_dict()), log[:]))
+            log.clear()
+        return out
+
+    same_on_both(sc)
+
+
+def test_accelerated_stock_tree_matches_too() -> None:
+    """The first scenario above on stock classes accelerated in place."""
+    from fastmodule import _core
+
+    def run(accelerate: bool) -> Any:
+        log: list[Any] = []
+        node = node_class(nn.Module)
+        root = node()
+        root.leaf = node()
+        root.leaf.__dict__[Colliding("forward", log)] = 5
+        if accelerate:
+            fastmodule.accelerate(root)
+        try:
+            out = []
+            for _ in range(3):
+                root(torch.zeros(1))
+                out.append(log[:])
+                log.clear()
+            return out
+        finally:
+            _core.restore_class(node)
+
+    assert run(True) == run(False)
+
+
+SETATTR_UNDER_REGISTRY_NAME = """
+import sys, torch, torch.nn as nn, fastmodule
+Base = fastmodule.Module if sys.argv[1] == "fast" else nn.Module
+
+class M(Base):
+    def forward(self, x):
+        return x
+
+for name in ("_buffers", "_parameters", "_non_persistent_buffers_set", "_modules"):
+    for value in (M(), nn.Parameter(torch.ones(1)), 5):
+        m = M()
+        try:
+            setattr(m, name, value)
+            r = "ok"
+        except Exception as e:
+            r = f"{type(e).__name__}: {e}"
+        d = m.__dict__
+        print(name, type(value).__name__, r, sorted(k for k in d if "hooks" not in k), flush=True)
+        mods = d.get("_modules")
+        if isinstance(mods, dict):
+            mods = {k: type(v).__name__ for k, v in mods.items()}
+        print("  ", type(mods).__name__, mods if isinstance(mods, dict) else "", flush=True)
+"""
+
+
+def run_script(script: str, side: str) -> tuple[int, str]:
+    """``script`` run with argument ``side`` in a fresh interpreter under the debug
+    allocator (a use-after-free crashes there): exit status and output."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", script, side],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONMALLOC": "debug"},
+    )
+    return p.returncode, p.stdout
+
+
+def test_setattr_under_a_registry_name() -> None:
+    """``m._buffers = Module()`` (and the other registries, other values): torch's
+    ``__setattr__`` deletes the registry from ``__dict__`` while ``remove_from``'s
+    arguments still hold it. Run in a subprocess under the debug allocator: fast used
+    the freed registry (a crash). (found/09)"""
+    stock = run_script(SETATTR_UNDER_REGISTRY_NAME, "stock")
+    assert stock[0] == 0
+    assert run_script(SETATTR_UNDER_REGISTRY_NAME, "fast") == stock
+
+
+GETATTR_DICT_REPLACED = """
+import sys, torch, torch.nn as nn, fastmodule
+Base = fastmodule.Module if sys.argv[1] == "fast" else nn.Module
+
+class M(Base):
+    def forward(self, x):
+        return x
+
+m = M()
+m.register_buffer("running_mean", torch.zeros(2))
+
+class Key:
+    armed = True
+    def __hash__(self):
+        return hash("running_mean")
+    def __eq__(self, other):
+        if Key.armed:
+            Key.armed = False
+            junk = [{} for _ in range(100)]
+            m.__dict__ = dict(m.__dict__)
+            del junk
+        return False
+
+m._parameters[Key()] = None
+print(m.running_mean, flush=True)
+print(m.running_mean, flush=True)
+"""
+
+
+def test_getattr_survives_the_instance_dict_replaced() -> None:
+    """Reading a buffer whose lookup in ``_parameters`` meets a colliding key whose
+    ``__eq__`` replaces the module's ``__dict__`` (the old one freed): torch's
+    ``__getattr__`` goes on with the registries it holds; fast read the freed
+    instance dict (a crash). (found/12; repro 10 frees the registry instead)"""
+    stock = run_script(GETATTR_DICT_REPLACED, "stock")
+    assert stock[0] == 0
+    assert run_script(GETATTR_DICT_REPLACED, "fast") == stock
