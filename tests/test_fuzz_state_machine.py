@@ -66,49 +66,11 @@ STEPS_PER_EXAMPLE = 40
 
 # Known defects the machine would otherwise hit again and again. A step that needs one
 # of these features is skipped while it is listed here. Each names the tests that fail
-# until it is fixed (tests/test_parity_fuzz_findings.py: F, tests/test_parity_faults.py)
-# and the reproducers in /work/shared/reference/repros/ of the same code paths.
-# TODO(issue 17): drop each entry once its tests pass, and run the machine locally.
+# until it is fixed (tests/test_parity_fuzz_findings.py, tests/test_parity_faults.py)
+# and the reproducers of the same code paths; an entry goes once its tests pass.
 KNOWN: dict[str, str] = {
-    # Non-str keys in instance dicts: fast paths that cache what they read from an
-    # instance dict skip or repeat lookups whose colliding key's __eq__ stock runs on
-    # every read: the call's "forward", a walk's registry name, the Linear leaf's
-    # "weight"; borrowed pointers across such lookups: repros 10, 11, 13, 15.
-    "colliding_key instance": "F: test_call_looks_forward_up_in_the_instance_dict_every_time, "
-    "test_walk_reads_a_colliding_registry_name_once, "
-    "test_linear_reads_weight_through_the_instance_dict_every_call; repros 10, 11, 13, 15",
-    # A colliding key met while a registered name is read (equal to it, or unequal but
-    # before its entry): torch's __getattr__ looks the name up twice (`in`, then
-    # `[]`), fast once (repro 10 is the same read's borrowed registry). Most keys in a
-    # registry meet this, so registries hold no colliding keys until it is fixed.
-    "colliding_key _parameters": "F: test_getattr_tests_then_reads_the_registry",
-    "colliding_key _buffers": "F: test_getattr_tests_then_reads_the_registry",
-    "colliding_key _modules": "F: test_getattr_tests_then_reads_the_registry",
-    # train(): "training" looked up in the registries 3 times, then never (replays);
-    # stock once per module per call (repros 13, 14: the same lookups' pointers).
-    "colliding_key _parameters unequal training": "F: test_train_tests_training_against_...",
-    "colliding_key _buffers unequal training": "F: test_train_tests_training_against_...",
-    "colliding_key _modules unequal training": "F: test_train_tests_training_against_...",
-    # load: a None buffer under a key colliding with a non-persistent name is tested
-    # against the set by torch, skipped by fast (repro 04: the same set's lookups).
-    "colliding_key _buffers unequal nb": "F: test_load_tests_every_buffer_key_against_...",
-    # load: an element of _non_persistent_buffers_set equal to a buffer name is
-    # compared twice per load by fast, once by torch (repros 04, 05: the same set's
-    # lookups during load and state_dict replays).
-    "colliding_key _non_persistent_buffers_set": "F: test_load_tests_the_non_persistent_...",
-    # A colliding key's __eq__ replacing a registry or the instance dict while an
-    # attribute read looks the name up: fast's read goes on with the freed dict (a
-    # crash: repro 10 for the registry, F: test_getattr_survives_..._dict_replaced).
-    "colliding_key action replace_registry": "repro 10",
-    "colliding_key action replace_dict": "F: test_getattr_survives_the_instance_dict_replaced",
-    # _apply frees a replaced buffer when it stores the new one; torch's loop holds it
-    # in a local until the next item.
-    "on_free buffer": "test_parity_faults.py::test_finalizer_changing_the_buffers_mid_conversion",
-    # A submodule (or any value) assigned under a registry's name: torch's __setattr__
-    # deletes the registry from __dict__ while remove_from's arguments hold it; fast's
-    # setattr keeps using the freed registry (a crash; like repros 07-09 without a
-    # finalizer).
-    "registry names": "F: test_setattr_under_a_registry_name (a crash)",
+    # Features switched off while a known defect keeps failing them: "feature words":
+    # "the failing test or repro". Empty: every feature the fuzzer has is on.
 }
 
 TRACE = os.environ.get("FASTMODULE_FUZZ_TRACE")

@@ -13,6 +13,8 @@ two must agree, including how often the colliding key's ``__eq__`` ran.
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -448,9 +450,46 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+# CPython 3.12.1's specialised attribute read turns an exception raised by a colliding
+# key's `__eq__` into this SystemError (pure Python shows it, torch or not): the stock
+# side is then not a reference.
+CPYTHON_EQ_BUG = "returned a result with an exception set"
+
+# Scenarios whose count of `__eq__` calls depends on how CPython has specialised
+# torch's own bytecode (the Linear forward's attribute reads) by the time they run:
+# each side runs in a fresh interpreter, with the same hash seed.
+FRESH_INTERPRETER = {"15_linear_leaf_colliding_key", "16_linear_leaf_error_pending"}
+
+
+def in_fresh_interpreter(name: str, side: str) -> str:
+    code = (
+        "from tests.conftest import outcome\n"
+        "from tests.test_regressions_native import SCENARIOS\n"
+        f"print(repr(outcome(lambda: SCENARIOS[{name!r}]({side!r}))))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=dict(os.environ, PYTHONHASHSEED="0"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario_matches_stock(name: str) -> None:
-    both(SCENARIOS[name])
+    if name in FRESH_INTERPRETER:
+        stock = in_fresh_interpreter(name, "stock")
+        fast = in_fresh_interpreter(name, "fast")
+        if CPYTHON_EQ_BUG in stock:
+            pytest.skip(f"stock hits a CPython bug on this interpreter: {stock.strip()}")
+        assert fast == stock
+    else:
+        both(SCENARIOS[name])
 
 
 class HookMapping:
