@@ -37,17 +37,20 @@ from fastmodule import _core
 """
 
 _FOOTER = """
+SIDES = {sides!r}
 for side, Base in (("stock", nn.Module), ("fast", fastmodule.Module)):
+    if side not in SIDES:
+        continue
     print(side, repr(run(Base)), flush=True)
 gc.collect()
 print("done", flush=True)
 """
 
 
-def in_subprocess(body: str) -> tuple[str, str]:
-    """Run ``body`` (defining ``run(Base)``) in a fresh interpreter on stock then fast,
-    under the debug allocator: the two printed results (a crash fails)."""
-    script = _HEADER + textwrap.dedent(body) + _FOOTER
+def in_subprocess(body: str, sides: tuple[str, ...] = ("stock", "fast")) -> dict[str, str]:
+    """Run ``body`` (defining ``run(Base)``) in a fresh interpreter on each of ``sides``
+    (stock, then fast), under the debug allocator: the printed results (a crash fails)."""
+    script = _HEADER + textwrap.dedent(body) + _FOOTER.replace("{sides!r}", repr(sides))
     env = dict(os.environ, PYTHONMALLOC="debug")
     proc = subprocess.run(
         [sys.executable, "-X", "dev", "-c", script],
@@ -59,12 +62,12 @@ def in_subprocess(body: str) -> tuple[str, str]:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert proc.stdout.rstrip().endswith("done"), proc.stdout[-2000:]
-    return out["stock"], out["fast"]
+    return {side: out[side] for side in sides}
 
 
 def assert_same_in_subprocess(body: str) -> None:
-    stock, fast = in_subprocess(body)
-    assert fast == stock
+    out = in_subprocess(body)
+    assert out["fast"] == out["stock"]
 
 
 def colliding_key(name: str, calls: list[Any], action: Any = None) -> Any:
@@ -730,7 +733,10 @@ def test_walks_with_lookups_that_change_the_tree(where: str) -> None:
     if EQ_CALLS_ARE_STOCK_BEHAVIOUR:
         assert_same_in_subprocess(body)
     else:
-        in_subprocess(body)  # no crash on either side
+        # No reference to compare with, and CPython's own specialised reads can crash
+        # on stock here (3.13: a `__dict__` swapped during `self._modules`' lookup in
+        # torch's named_modules): fastmodule must not crash.
+        in_subprocess(body, sides=("fast",))
 
 
 def _raising_lookup(base: type[nn.Module], name: str, walk: str) -> Any:
