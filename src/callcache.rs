@@ -2,9 +2,9 @@
 //! its class, so repeated calls skip ~12 dictionary/MRO lookups.
 //!
 //! An entry is valid only while both are unchanged: the instance dict's
-//! version tag (CPython bumps it, from a process-wide counter, on every
-//! insertion, deletion or rebinding) and the class's `tp_version_tag` (reset
-//! by any attribute change on the class or a base). Values that can change
+//! version (it changes on every insertion, deletion or rebinding) and the
+//! class's version (reset by any attribute change on the class or a base),
+//! both as `crate::cpython::validity` defines them. Values that can change
 //! without touching either — the contents of the hook dicts, tracing state,
 //! the global hooks — are still read on every call. Pointers are borrowed: the
 //! unchanged dict/class keep them alive.
@@ -37,7 +37,7 @@ impl Key {
     /// still quiet: its lookups by exact `str` run no code.
     #[inline(always)]
     pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
-        let tp_version = (*tp).tp_version_tag;
+        let tp_version = crate::cpython::validity::class_version(tp);
         if tp_version == 0 || !crate::cpython::quiet::dict(dict) {
             return None;
         }
@@ -126,11 +126,7 @@ fn index(dict: *mut ffi::PyObject) -> usize {
     ((a >> 4) ^ (a >> 14)) & (SETS - 1)
 }
 
-#[allow(deprecated)]
-#[inline(always)]
-pub unsafe fn dict_version(dict: *mut ffi::PyObject) -> u64 {
-    (*(dict as *mut ffi::PyDictObject)).ma_version_tag
-}
+pub use crate::cpython::validity::dict_version;
 
 /// The entry for this instance dict and class, if still valid. A raw
 /// pointer: a nested module call may overwrite the slot, so callers copy what
@@ -156,7 +152,7 @@ pub unsafe fn store(
     hooks: [*mut ffi::PyObject; 4],
     forward: *mut ffi::PyObject,
 ) -> *mut Entry {
-    if cfg!(Py_3_13) || ffi::PyDict_CheckExact(dict) == 0 {
+    if !crate::cpython::validity::caches_on() || ffi::PyDict_CheckExact(dict) == 0 {
         return std::ptr::null_mut();
     }
     let Some(key) = Key::now(tp, dict) else {

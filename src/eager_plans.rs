@@ -160,7 +160,7 @@ fn all_left_as_is(
 /// if a plan can describe it. `mode`: `train`'s (Py_True/Py_False).
 pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bound<'_, PyAny>>) {
     let key = (root.as_ptr(), walk);
-    if !crate::plan_parts::ENABLED || refused(key) {
+    if !crate::plan_parts::enabled() || refused(key) {
         return;
     }
     let py = root.py();

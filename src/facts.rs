@@ -89,7 +89,7 @@ pub unsafe fn dict_get(
 #[inline(always)]
 unsafe fn set_of(dict: *mut ffi::PyObject) -> Option<&'static mut Set> {
     let t = *TABLE.0.get();
-    if t.is_null() || cfg!(Py_3_13) {
+    if t.is_null() || !crate::cpython::validity::caches_on() {
         return None;
     }
     let h = (dict as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -242,7 +242,7 @@ unsafe fn entry_for_rebind(
     version: u64,
 ) -> Option<&'static mut Facts> {
     let set = set_of(dict)?;
-    let tv = (*tp).tp_version_tag;
+    let tv = crate::cpython::validity::class_version(tp);
     let f = set
         .iter_mut()
         .find(|e| e.key.dict == dict && e.key.tp == tp && e.key.tp_version == tv)?;

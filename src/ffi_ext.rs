@@ -53,14 +53,14 @@ pub unsafe fn custom_eval_frame() -> bool {
 /// CPython's own cache; results are borrowed as there.
 #[inline(always)]
 pub unsafe fn type_lookup(tp: *mut PyTypeObject, name: *mut PyObject) -> *mut PyObject {
-    let version = (*tp).tp_version_tag;
+    let version = crate::cpython::validity::class_version(tp);
     let slot = &mut (*TYPE_CACHE.0.get())[type_slot(tp, name)];
     if version != 0 && slot.tp == tp && slot.name == name && slot.version == version {
         return slot.found;
     }
     let found = _PyType_Lookup(tp, name);
     // The lookup assigns a tag to a type that had none.
-    let version = (*tp).tp_version_tag;
+    let version = crate::cpython::validity::class_version(tp);
     if version != 0 {
         *slot = TypeSlot {
             tp,

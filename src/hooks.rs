@@ -22,10 +22,7 @@ static CACHE: Cache = Cache {
     dicts: Cell::new([std::ptr::null_mut(); 4]),
 };
 
-#[allow(deprecated)]
-unsafe fn version(d: *mut ffi::PyObject) -> u64 {
-    (*(d as *mut ffi::PyDictObject)).ma_version_tag
-}
+use crate::cpython::validity::dict_version as version;
 
 /// Ok(true) when all four global call-hook dicts are empty dicts/OrderedDicts.
 /// Ok(false) means torch's code must decide (hooks, or something unusual).

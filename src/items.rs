@@ -193,13 +193,13 @@ fn same_fn<F: Copy + PartialEq>(a: Option<F>, b: Option<F>) -> bool {
 #[inline(always)]
 pub unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(obj);
-    let version = (*tp).tp_version_tag;
+    let version = crate::cpython::validity::class_version(tp);
     let slot = &mut (*HASH_KIND.0.get())[((tp as usize) >> 4) & (HASH_KINDS - 1)];
     if version != 0 && slot.0 == tp && slot.1 == version {
         return slot.2;
     }
     let answer = identity_hashed_uncached(tp);
-    let version = (*tp).tp_version_tag;
+    let version = crate::cpython::validity::class_version(tp);
     if version != 0 {
         *slot = (tp, version, answer);
     }

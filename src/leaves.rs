@@ -76,7 +76,7 @@ impl<const N: usize> Checked<N> {
     /// `check()` unless `dicts` are all at the versions of its last success.
     #[inline(always)]
     unsafe fn pass(&self, dicts: [*mut ffi::PyObject; N], check: impl FnOnce() -> bool) -> bool {
-        if cfg!(Py_3_13) {
+        if !crate::cpython::validity::caches_on() {
             return check();
         }
         let now = dicts.map(|d| dict_version(d));

@@ -58,6 +58,8 @@ use pyo3::types::PyType;
 #[pyfunction]
 fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
     cpython::quiet::init(py)?;
+    // No free dict-watcher slot: caches and plans stay off (see `cache_validity`).
+    let _ = cpython::validity::init(py);
     state::init(py, fast_module)?;
     slots::capture_generic(state::require(py)?);
     facts::init(state::require(py)?);
@@ -247,6 +249,14 @@ fn native_tracing_probe() -> bool {
 /// A value that changes whenever a dict is mutated: CPython's version tag
 /// (insertion, deletion, rebinding), plus, for an exact `OrderedDict`, its
 /// linked-list state (which also moves on `move_to_end`). None for non-dicts.
+/// How this interpreter decides that a remembered dict or class is unchanged
+/// ("dict version tags (CPython 3.11)", "dict watcher N"), or why caches and
+/// plans are off ("off: ...").
+#[pyfunction]
+fn cache_validity() -> String {
+    cpython::validity::status()
+}
+
 #[pyfunction]
 fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
     dict_version_of(py, d)
@@ -259,8 +269,7 @@ pub(crate) fn dict_version_of(
     if !d.is_instance_of::<pyo3::types::PyDict>() {
         return Ok(None);
     }
-    #[allow(deprecated)]
-    let tag = unsafe { (*(d.as_ptr() as *mut pyo3::ffi::PyDictObject)).ma_version_tag };
+    let tag = unsafe { cpython::validity::dict_version(d.as_ptr()) };
     let is_odict = state::require(py)
         .map(|g| unsafe { pyo3::ffi::Py_TYPE(d.as_ptr()) } == g.odict)
         .unwrap_or(false);
@@ -344,6 +353,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state_dict::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_validity, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
     m.add_function(wrap_pyfunction!(locate_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(confirm_tracer_fields, m)?)?;

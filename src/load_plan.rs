@@ -319,7 +319,7 @@ unsafe fn check<'py>(
 /// describe it.
 pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     let key = (root.as_ptr(), Walk::Load);
-    if !crate::plan_parts::ENABLED || refused(key) {
+    if !crate::plan_parts::enabled() || refused(key) {
         return;
     }
     // A plan that still holds (the last call's dict was not the plain case)

@@ -14,15 +14,19 @@ pub enum Plain {
     Error,
 }
 
-/// Borrowed instance `__dict__`, or null.
+/// Borrowed instance `__dict__`, or null; ready to be remembered by the
+/// caches (`crate::cpython::validity::own_values`).
 #[inline(always)]
 pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
     let p = _PyObject_GetDictPtr(obj);
     if p.is_null() {
-        std::ptr::null_mut()
-    } else {
-        *p
+        return std::ptr::null_mut();
     }
+    let d = *p;
+    if !d.is_null() {
+        crate::cpython::validity::own_values(obj, d);
+    }
+    d
 }
 
 /// `obj.<name>` for a name that is normally an instance attribute (`name`

@@ -17,7 +17,12 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-pub const ENABLED: bool = !cfg!(Py_GIL_DISABLED) && !cfg!(Py_3_13);
+/// Plans are kept only while remembered dict and class versions can be
+/// trusted (see `crate::cpython::validity`).
+#[inline(always)]
+pub fn enabled() -> bool {
+    crate::cpython::validity::caches_on()
+}
 
 const SLOTS: usize = 4;
 
@@ -54,7 +59,7 @@ impl<P> Table<P> {
     /// The slot and plan `is` accepts, if any (it may be stale: the caller
     /// checks).
     pub fn find(&self, is: impl Fn(&P) -> bool) -> Option<(usize, Arc<P>)> {
-        if !ENABLED {
+        if !enabled() {
             return None;
         }
         self.slots()

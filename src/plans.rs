@@ -66,7 +66,7 @@ pub unsafe fn seen_now(module: *mut ffi::PyObject) -> Option<Seen> {
 pub unsafe fn holds(seen: &Seen, module: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(module);
     tp == seen.tp
-        && (*tp).tp_version_tag == seen.tp_version
+        && crate::cpython::validity::class_version(tp) == seen.tp_version
         && instance_dict(module) == seen.dict
         && dict_version(seen.dict) == seen.version
 }
@@ -192,7 +192,7 @@ impl Recorder {
 
     /// Keep the recording if it is complete and nothing it read changed.
     pub fn finish(self) {
-        if !self.ok || cfg!(Py_GIL_DISABLED) || cfg!(Py_3_13) {
+        if !self.ok || !crate::cpython::validity::caches_on() {
             return;
         }
         if unsafe { self.plan.still_valid() } {
@@ -229,7 +229,7 @@ static TABLE: Table = Table(
 
 /// The plan recorded for `key`, if any (it may be stale: replays check).
 pub fn find(key: &PlanKey) -> Option<Arc<Plan>> {
-    if cfg!(Py_GIL_DISABLED) || cfg!(Py_3_13) {
+    if !crate::cpython::validity::caches_on() {
         return None;
     }
     unsafe {

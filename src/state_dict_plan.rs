@@ -213,7 +213,7 @@ unsafe fn build<'py>(
 /// completed: record the walk it would take now, if a plan can describe it.
 pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     let key = (root.as_ptr(), Walk::StateDict);
-    if !crate::plan_parts::ENABLED
+    if !crate::plan_parts::enabled()
         || unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
         || refused(key)
     {

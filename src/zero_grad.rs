@@ -67,7 +67,7 @@ pub fn scan(
     ]
     .into_iter()
     .all(|m| is_native(g, root, m));
-    if !native || !crate::plan_parts::ENABLED {
+    if !native || !crate::plan_parts::enabled() {
         return NoGrads::Leading(0);
     }
     // The walk `for_each_parameter` starts (its prefix is the empty str,

@@ -30,8 +30,14 @@ def state_dict_plan_stats() -> tuple[int, int]:
 def eager_plan_stats() -> tuple[int, int]:
     """(train/eval and no-op ``_apply`` walks recorded as plans, replayed) since import."""
 
-def dict_version(d: object) -> int | None:
-    """A dict's version tag (changes on any mutation); None for non-dicts."""
+def dict_version(d: object) -> tuple[int, int] | None:
+    """(the dict's version, an ``OrderedDict``'s order state): both change on any
+    mutation (the second also on ``move_to_end``); None for non-dicts."""
+
+def cache_validity() -> str:
+    """How remembered dicts and classes are known unchanged here ("dict version
+    tags (CPython 3.11)", "dict watcher N"), or why caches and plans are off
+    ("off: ...")."""
 
 def init_apply(config: dict[str, object]) -> None:
     """Capture torch's callables and closures used by the native ``_apply``."""

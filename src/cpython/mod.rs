@@ -15,10 +15,13 @@
 //!   (any key-table kind; `OrderedDict` too).
 //! - [`tracer`]: is a trace or profile function set on this thread?
 //! - [`stack`]: how much of this thread's native stack is left?
+//! - [`validity`]: is what a cache remembered about a dict or a class still
+//!   true? (dict and class versions; dict watchers from 3.12 on.)
 pub mod owned;
 pub mod quiet;
 pub mod stack;
 pub mod str_keys;
 pub mod tracer;
+pub mod validity;
 
 pub use owned::Owned;

@@ -125,6 +125,18 @@ def _parent_call_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return self.child(x) + self.weight
 
 
+def _cache_init(self: nn.Module) -> None:
+    nn.Module.__init__(self)
+    self.register_buffer("cache", torch.zeros(1), persistent=False)
+
+
+def _cache_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # A KV cache or running statistic written by assignment: every call
+    # rebinds a registered buffer (Module.__setattr__ -> self._buffers[name]).
+    self.cache = x
+    return x
+
+
 def _block_init(self: nn.Module) -> None:
     nn.Module.__init__(self)
     self.lin = nn.Linear(32, 32)
@@ -158,6 +170,7 @@ StockTraced, FastTraced = _pair(
     {"__init__": _parent_init, "forward": _parent_call_forward},
     leaf_cls=(StockLeaf, FastLeaf),
 )
+StockCache, FastCache = _pair("Cache", {"__init__": _cache_init, "forward": _cache_forward})
 StockBlock, FastBlock = _pair("Block", {"__init__": _block_init, "forward": _block_forward})
 StockMLP, FastMLP = _pair(
     "MLP", {"__init__": _mlp_init, "forward": _mlp_forward}, block_cls=(StockBlock, FastBlock)
@@ -190,6 +203,16 @@ def _build_call_kwargs(device: torch.device) -> dict[str, Variant]:
         Variant("m(x, y=y)", {"m": stock, "x": x, "y": y}),
         Variant("m(x, y=y)", {"m": fast, "x": x, "y": y}),
         Variant("m.forward(x, y=y)", {"m": stock, "x": x, "y": y}),
+    )
+
+
+def _build_call_reassigned_buffer(device: torch.device) -> dict[str, Variant]:
+    x, y = torch.zeros(1), torch.ones(1)
+    stock, fast = StockCache(), FastCache()
+    return _three(
+        Variant("m(x); m(y)", {"m": stock, "x": x, "y": y}),
+        Variant("m(x); m(y)", {"m": fast, "x": x, "y": y}),
+        Variant("m.forward(x); m.forward(y)", {"m": stock, "x": x, "y": y}),
     )
 
 
@@ -499,6 +522,11 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
 CASES: tuple[Case, ...] = (
     Case("call", "m(x), forward returns x", _build_call),
     Case("call_kwargs", "m(x, y=y)", _build_call_kwargs),
+    Case(
+        "call_reassigned_buffer",
+        "m(x); m(y), forward rebinds a registered buffer (self.cache = x: a KV cache)",
+        _build_call_reassigned_buffer,
+    ),
     Case(
         "getattr_submodule",
         "parent.child (registered submodule)",

@@ -1,0 +1,447 @@
+//! Is what fastmodule remembered about a dict or a class still true?
+//!
+//! Every cache (the call cache, the per-instance facts, every recorded plan)
+//! remembers a dict's *version* and a class's *version* and trusts what it
+//! read while both are unchanged. This module is the only place that says
+//! what a version is:
+//!
+//! - A class's version is its `tp_version_tag`, a field of the public
+//!   `PyTypeObject`: CPython sets it to 0 on any change to the class or a
+//!   base and never reuses a tag (its own method cache and specialiser rely
+//!   on that rule). 0 means "nothing can be remembered".
+//! - A dict's version, on 3.11, is the dict's `ma_version_tag` (PEP 509: a
+//!   process-wide counter stamped on every insertion, deletion or rebinding).
+//!   From 3.12 on that field is deprecated (PEP 699) and 3.14 removes it, so
+//!   there the version comes from a dict watcher (`PyDict_AddWatcher`, a
+//!   public API): the first time a dict's version is asked for, the dict is
+//!   watched and given a fresh number from a process-wide counter; each event
+//!   CPython reports for it (added, modified, deleted, cloned, cleared) gives
+//!   it a new number, and its deallocation forgets it. Numbers are never
+//!   reused, so a remembered (dict, version) pair that still matches means
+//!   the same dict, unchanged; a dict at a recycled address has no number or
+//!   a newer one.
+//!
+//! From 3.13 on an object may keep its attributes in *inline values* inside
+//! the object, and a materialised `__dict__` can share them. On CPython
+//! 3.13.0 an attribute store into shared inline values is not reported to
+//! dict watchers (nor stamped on `ma_version_tag`): a remembered instance
+//! dict would look unchanged after `m.x = y`. A self-test at import decides:
+//! where stores are reported, nothing more is done; where they are not,
+//! [`instance_dict`]'s callers get a dict that owns its values — the
+//! object's `__dict__` is set to itself (`PyObject_GenericSetDict`, what
+//! `obj.__dict__ = obj.__dict__` does: same dict, same contents and order),
+//! which moves the values out of the object, after which every store goes
+//! through the dict and is reported; where even that cannot be verified,
+//! the caches are off.
+//!
+//! Dict watchers are a scarce resource (8 per interpreter; Dynamo takes one):
+//! fastmodule takes at most one, at import. When none is free, every dict
+//! asked about gets a new number each time, so nothing remembered ever
+//! matches: the caches are off and every path checks as it goes (stock
+//! behaviour, only slower), and [`status`] says so.
+//!
+//! Everything here runs with the GIL held (caches are off on free-threaded
+//! builds) and calls no Python code: the watcher callback only updates the
+//! table, so it cannot re-enter a lookup in progress.
+use pyo3::ffi;
+
+/// The version of class `tp`: 0 while nothing about it can be remembered.
+#[inline(always)]
+pub unsafe fn class_version(tp: *mut ffi::PyTypeObject) -> u32 {
+    (*tp).tp_version_tag
+}
+
+#[cfg(not(Py_3_12))]
+mod dicts {
+    use pyo3::ffi;
+
+    #[allow(deprecated)]
+    #[inline(always)]
+    pub unsafe fn version(dict: *mut ffi::PyObject) -> u64 {
+        (*(dict as *mut ffi::PyDictObject)).ma_version_tag
+    }
+
+    pub fn init(_py: pyo3::Python<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    pub fn status() -> String {
+        "dict version tags (CPython 3.11)".to_owned()
+    }
+
+    #[inline(always)]
+    pub unsafe fn own_values(_obj: *mut ffi::PyObject, _dict: *mut ffi::PyObject) {}
+
+    pub fn on() -> bool {
+        true
+    }
+}
+
+#[cfg(Py_3_12)]
+mod dicts {
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use std::cell::UnsafeCell;
+    use std::os::raw::c_int;
+
+    type WatchCallback = unsafe extern "C" fn(
+        event: c_int,
+        dict: *mut ffi::PyObject,
+        key: *mut ffi::PyObject,
+        new_value: *mut ffi::PyObject,
+    ) -> c_int;
+
+    extern "C" {
+        fn PyDict_AddWatcher(callback: WatchCallback) -> c_int;
+        fn PyDict_ClearWatcher(watcher_id: c_int) -> c_int;
+    }
+
+    /// `PyDict_EVENT_DEALLOCATED` in CPython's `PyDict_WatchEvent`.
+    const EVENT_DEALLOCATED: c_int = 5;
+
+    /// An open-addressing table from dict address to version (linear probing,
+    /// deletion by backward shift): a lookup is a multiply, a shift and
+    /// usually one compare, which the call path pays on every module call.
+    struct Table {
+        keys: Vec<usize>,
+        values: Vec<u64>,
+        len: usize,
+        /// The last number handed out (numbers start at 1: 0 is never a
+        /// version).
+        counter: u64,
+        /// The watcher's id; -1 until `init` got one, -2 when none was free,
+        /// -3 when the inline-values self-test failed.
+        watcher: c_int,
+        /// Instance dicts sharing an object's inline values must be given
+        /// their own values first (see the module doc).
+        detach: bool,
+        /// Why the self-test failed.
+        why: Option<String>,
+        /// The interned name `__dict__`, kept for the life of the process.
+        dunder_dict: *mut ffi::PyObject,
+    }
+
+    struct Shared(UnsafeCell<Table>);
+    // SAFETY: read and written only with the GIL held, by code that calls no
+    // Python code while it holds a reference into the table.
+    unsafe impl Sync for Shared {}
+    static TABLE: Shared = Shared(UnsafeCell::new(Table {
+        keys: Vec::new(),
+        values: Vec::new(),
+        len: 0,
+        counter: 0,
+        watcher: -1,
+        detach: false,
+        why: None,
+        dunder_dict: std::ptr::null_mut(),
+    }));
+
+    #[inline(always)]
+    fn slot_of(key: usize, mask: usize) -> usize {
+        // Dicts are 16-byte aligned; Fibonacci hashing spreads neighbours.
+        ((key as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize & mask
+    }
+
+    impl Table {
+        #[inline(always)]
+        fn next(&mut self) -> u64 {
+            self.counter += 1;
+            self.counter
+        }
+
+        #[inline(always)]
+        fn find(&self, key: usize) -> Option<usize> {
+            if self.keys.is_empty() {
+                return None;
+            }
+            let mask = self.keys.len() - 1;
+            let mut i = slot_of(key, mask);
+            loop {
+                let k = self.keys[i];
+                if k == key {
+                    return Some(i);
+                }
+                if k == 0 {
+                    return None;
+                }
+                i = (i + 1) & mask;
+            }
+        }
+
+        fn insert(&mut self, key: usize, value: u64) {
+            if (self.len + 1) * 2 > self.keys.len() {
+                self.grow();
+            }
+            let mask = self.keys.len() - 1;
+            let mut i = slot_of(key, mask);
+            while self.keys[i] != 0 {
+                if self.keys[i] == key {
+                    self.values[i] = value;
+                    return;
+                }
+                i = (i + 1) & mask;
+            }
+            self.keys[i] = key;
+            self.values[i] = value;
+            self.len += 1;
+        }
+
+        fn grow(&mut self) {
+            let size = (self.keys.len() * 2).max(1024);
+            let keys = std::mem::replace(&mut self.keys, vec![0; size]);
+            let values = std::mem::replace(&mut self.values, vec![0; size]);
+            self.len = 0;
+            for (k, v) in keys.into_iter().zip(values) {
+                if k != 0 {
+                    self.insert(k, v);
+                }
+            }
+        }
+
+        fn remove(&mut self, key: usize) {
+            let Some(mut hole) = self.find(key) else {
+                return;
+            };
+            let mask = self.keys.len() - 1;
+            self.len -= 1;
+            // Backward shift: move later members of the run into the hole
+            // when their home slot does not lie between the hole and them.
+            let mut i = hole;
+            loop {
+                i = (i + 1) & mask;
+                let k = self.keys[i];
+                if k == 0 {
+                    break;
+                }
+                let home = slot_of(k, mask);
+                let stays = if hole <= i {
+                    hole < home && home <= i
+                } else {
+                    hole < home || home <= i
+                };
+                if !stays {
+                    self.keys[hole] = k;
+                    self.values[hole] = self.values[i];
+                    hole = i;
+                }
+            }
+            self.keys[hole] = 0;
+            self.values[hole] = 0;
+        }
+    }
+
+    /// What CPython calls before it changes or frees a watched dict.
+    unsafe extern "C" fn on_event(
+        event: c_int,
+        dict: *mut ffi::PyObject,
+        _key: *mut ffi::PyObject,
+        _new_value: *mut ffi::PyObject,
+    ) -> c_int {
+        let t = &mut *TABLE.0.get();
+        if event == EVENT_DEALLOCATED {
+            t.remove(dict as usize);
+        } else if let Some(i) = t.find(dict as usize) {
+            let v = t.next();
+            t.values[i] = v;
+        }
+        0
+    }
+
+    /// The version of `dict` (any object: a non-dict gets a new number each
+    /// time, so nothing about it is ever remembered).
+    #[inline(always)]
+    pub unsafe fn version(dict: *mut ffi::PyObject) -> u64 {
+        let t = &mut *TABLE.0.get();
+        if let Some(i) = t.find(dict as usize) {
+            if t.watcher >= 0 {
+                return t.values[i];
+            }
+        }
+        first_version(t, dict)
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn first_version(t: &mut Table, dict: *mut ffi::PyObject) -> u64 {
+        let v = t.next();
+        if t.watcher < 0 || ffi::PyDict_Check(dict) == 0 {
+            return v;
+        }
+        if ffi::PyDict_Watch(t.watcher, dict) != 0 {
+            // Only a non-dict or a bad id fail; neither can be remembered.
+            ffi::PyErr_Clear();
+            return v;
+        }
+        t.insert(dict as usize, v);
+        v
+    }
+
+    /// Does `dict` share `obj`'s inline values? Inline values sit right
+    /// after the object's basic size (checked by the self-test).
+    #[cfg(Py_3_13)]
+    #[inline(always)]
+    unsafe fn shares_inline_values(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) -> bool {
+        let values = (*(dict as *mut ffi::PyDictObject)).ma_values as usize;
+        values != 0 && values == obj as usize + (*ffi::Py_TYPE(obj)).tp_basicsize as usize
+    }
+
+    /// See [`super::instance_dict`].
+    #[inline(always)]
+    pub unsafe fn own_values(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
+        #[cfg(Py_3_13)]
+        if (*TABLE.0.get()).detach && shares_inline_values(obj, dict) {
+            set_dict_to_itself(obj, dict);
+        }
+        let _ = (obj, dict);
+    }
+
+    /// `obj.__dict__ = obj.__dict__` through the class's own `__dict__`
+    /// getset (CPython's, which detaches the values: `PyObject_GenericSetDict`
+    /// does not), found without running code and called only if it is a C
+    /// getset. Setting the same dict frees nothing. Should it fail, the dict
+    /// stays shared and its stores unreported: nothing can be trusted any
+    /// more, so the caches go off.
+    #[cfg(Py_3_13)]
+    #[cold]
+    #[inline(never)]
+    unsafe fn set_dict_to_itself(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
+        let t = &mut *TABLE.0.get();
+        let name = t.dunder_dict;
+        let descr = crate::ffi_ext::_PyType_Lookup(ffi::Py_TYPE(obj), name);
+        let getset = std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type);
+        let ok = !descr.is_null()
+            && ffi::Py_TYPE(descr) == getset
+            && ffi::PyObject_GenericSetAttr(obj, name, dict) == 0
+            && !shares_inline_values(obj, dict);
+        if !ok {
+            ffi::PyErr_Clear();
+            t.watcher = -3;
+            t.why = Some("an instance dict could not be given its own values".to_owned());
+        }
+    }
+
+    /// Is every store into the attributes of an instance like `obj` reported
+    /// for its materialised `dict`? Tried on a fresh probe object: a store
+    /// before and after `own_values`.
+    fn self_test(py: Python<'_>) -> Result<(), String> {
+        let probe = py
+            .eval(c"type('_fastmodule_probe', (), {})()", None, None)
+            .map_err(|e| format!("probe object: {e}"))?;
+        let x = pyo3::intern!(py, "x");
+        let stored = |v: i64| -> Result<(), String> {
+            probe.setattr(x, v).map_err(|e| format!("probe store: {e}"))
+        };
+        stored(1)?;
+        let dunder_dict = pyo3::intern!(py, "__dict__");
+        let dict = probe
+            .getattr(dunder_dict)
+            .map_err(|e| format!("probe __dict__: {e}"))?;
+        let reported = |dict: *mut ffi::PyObject, v: i64| -> Result<bool, String> {
+            let before = unsafe { version(dict) };
+            stored(v)?;
+            Ok(unsafe { version(dict) } != before)
+        };
+        if reported(dict.as_ptr(), 2)? {
+            return Ok(());
+        }
+        #[cfg(Py_3_13)]
+        if unsafe { shares_inline_values(probe.as_ptr(), dict.as_ptr()) } {
+            unsafe { (*TABLE.0.get()).detach = true };
+            unsafe { own_values(probe.as_ptr(), dict.as_ptr()) };
+            let same = probe
+                .getattr(dunder_dict)
+                .is_ok_and(|d| d.as_ptr() == dict.as_ptr());
+            if same
+                && !unsafe { shares_inline_values(probe.as_ptr(), dict.as_ptr()) }
+                && reported(dict.as_ptr(), 3)?
+            {
+                return Ok(());
+            }
+        }
+        Err("attribute stores are not reported to dict watchers on this CPython".to_owned())
+    }
+
+    /// Take one dict-watcher slot (once per process) and check that it sees
+    /// every change an instance dict can undergo.
+    pub fn init(py: Python<'_>) -> Result<(), String> {
+        let t = unsafe { &mut *TABLE.0.get() };
+        if t.watcher != -1 {
+            return Ok(());
+        }
+        let id = unsafe { PyDict_AddWatcher(on_event) };
+        if id < 0 {
+            t.watcher = -2;
+            unsafe { ffi::PyErr_Clear() };
+            return Err("no free dict-watcher slot".to_owned());
+        }
+        t.watcher = id;
+        t.dunder_dict = pyo3::intern!(py, "__dict__").clone().into_ptr();
+        if let Err(why) = self_test(py) {
+            let t = unsafe { &mut *TABLE.0.get() };
+            t.watcher = -3;
+            t.why = Some(why.clone());
+            unsafe { PyDict_ClearWatcher(id) };
+            unsafe { ffi::PyErr_Clear() };
+            return Err(why);
+        }
+        Ok(())
+    }
+
+    pub fn status() -> String {
+        let t = unsafe { &*TABLE.0.get() };
+        match t.watcher {
+            -1 => "off: not initialised".to_owned(),
+            -2 => "off: all 8 dict-watcher slots were taken when fastmodule was \
+                   imported (caches and plans are off; behaviour is stock)"
+                .to_owned(),
+            -3 => format!(
+                "off: {} (caches and plans are off; behaviour is stock)",
+                t.why
+                    .as_deref()
+                    .unwrap_or("an instance dict's stores are not reported")
+            ),
+            id if t.detach => format!(
+                "dict watcher {id} (instance dicts own their values: this CPython \
+                 does not report stores into shared inline values)"
+            ),
+            id => format!("dict watcher {id}"),
+        }
+    }
+
+    pub fn on() -> bool {
+        unsafe { (*TABLE.0.get()).watcher >= 0 }
+    }
+}
+
+/// The version of `dict`: equal to a remembered one only if it is the same
+/// dict and nothing in it changed since.
+#[inline(always)]
+pub unsafe fn dict_version(dict: *mut ffi::PyObject) -> u64 {
+    dicts::version(dict)
+}
+
+/// Set up dict versions (at import, with the GIL held). An error means the
+/// caches are off for this process; fastmodule then behaves as stock.
+pub fn init(py: pyo3::Python<'_>) -> Result<(), String> {
+    dicts::init(py)
+}
+
+/// Ready `obj`'s instance dict `dict` (non-null) to be remembered: where
+/// this CPython does not report stores into inline values shared with the
+/// object, give the dict its own values (see the module doc). Calls no
+/// Python code.
+#[inline(always)]
+pub unsafe fn own_values(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
+    dicts::own_values(obj, dict)
+}
+
+/// How dict versions are decided here, or why caches are off.
+pub fn status() -> String {
+    dicts::status()
+}
+
+/// Can anything be remembered? False when no dict watcher was free.
+#[inline(always)]
+pub fn caches_on() -> bool {
+    dicts::on() && !cfg!(Py_GIL_DISABLED)
+}
