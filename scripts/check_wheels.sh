@@ -77,11 +77,11 @@ smoke() {
   [ -n "$py" ] || { echo "  FAIL: no python$version (set $var)"; return 1; }
   tmp=$(mktemp -d)
   venv=$tmp/venv
-  "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q --no-deps "$whl" || {
+  if ! { "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q --no-deps "$whl"; }; then
     rm -rf "$tmp"
     echo "  FAIL: could not install into a clean venv of $py"
     return 1
-  }
+  fi
   torch_site=$(torch_site_for "$version")
   if [ -n "$torch_site" ]; then
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
