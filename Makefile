@@ -11,6 +11,7 @@ find_py = $(shell for p in python$(1) $$HOME/.pyenv/versions/$(1).*/bin/python$(
 	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)
 PY311 ?= $(call find_py,3.11)
 PY312 ?= $(call find_py,3.12)
+PY313 ?= $(call find_py,3.13)
 
 .PHONY: setup build-dev build-prod test test-debug test-memcheck bench bench-instructions lint \
 	wheels check-wheels clean
@@ -79,16 +80,56 @@ lint: setup
 	$(VPY) -m ruff check python tests benches scripts
 	$(VPY) -m ruff format --check python tests benches scripts
 
-# Release wheels for CPython 3.11 and 3.12 (x86_64 manylinux), then install
-# each into a clean venv and import it.
-wheels:
+# Portable release wheels: CPython 3.11, 3.12 and 3.13 for each architecture in ARCHS,
+# tagged manylinux_2_28. zig (the `ziglang` package from PyPI) links them against
+# glibc 2.28's symbols whatever the build machine's glibc, and cross-links aarch64.
+# A wheel of another architecture needs Rust's std for its target (`rustup target
+# add`); without it that architecture is skipped with a message saying so, and
+# check-wheels fails on its missing wheels (`make wheels ARCHS=x86_64` leaves it out).
+# One wheel at a time; the time each build takes is printed.
+ARCHS ?= x86_64 aarch64
+WHEEL_VERSIONS := 3.11 3.12 3.13
+MANYLINUX := manylinux_2_28
+HOST_ARCH := $(shell uname -m)
+# check-wheels installs each wheel of this machine's architecture into a clean venv
+# (no system site-packages) and runs scripts/smoke_wheel.py there. torch for those
+# venvs: an interpreter in TORCH_FROM of the venv's version lends its installed torch
+# through a .pth file (written after the wheel is installed; saves downloading torch
+# per version); other versions get torch from PyPI. E.g. on a machine with torch for
+# each version: make wheels TORCH_FROM="$(VPY) /path/py312/bin/python /path/py313/bin/python"
+TORCH_FROM ?= $(abspath $(VPY))
+
+$(VENV)/.wheel-tools: $(VENV)/.ready
+	$(VPY) -m pip install -q "ziglang>=0.13" "auditwheel>=6"
+	touch $@
+
+wheels: $(VENV)/.wheel-tools
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --out dist \
-		--interpreter $(PY311) $(PY312)
+	@set -e; for arch in $(ARCHS); do \
+	  target=$$arch-unknown-linux-gnu; \
+	  if ! ls "$$(rustc --print target-libdir --target $$target 2>/dev/null)"/libstd-*.rlib \
+	      >/dev/null 2>&1; then \
+	    echo "*** $$arch wheels NOT built: Rust's std for $$target is not installed."; \
+	    echo "*** Install it with: rustup target add $$target"; \
+	    echo "*** (or build without them: make wheels ARCHS=$(HOST_ARCH))"; \
+	    continue; \
+	  fi; \
+	  if [ $$arch = $(HOST_ARCH) ]; then pys="$(PY311) $(PY312) $(PY313)"; \
+	  else pys="$(addprefix python,$(WHEEL_VERSIONS))"; fi; \
+	  for py in $$pys; do \
+	    start=$$(date +%s); \
+	    PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
+	      --compatibility $(MANYLINUX) --target $$target --out dist --interpreter $$py; \
+	    echo "*** built $$arch wheel for $$py in $$(( $$(date +%s) - start ))s"; \
+	  done; \
+	done
 	$(MAKE) check-wheels
 
-check-wheels:
-	PY311=$(PY311) PY312=$(PY312) bash scripts/check_wheels.sh dist
+check-wheels: $(VENV)/.wheel-tools
+	PY311=$(PY311) PY312=$(PY312) PY313=$(PY313) AUDITWHEEL=$(VENV)/bin/auditwheel \
+		VERSIONS="$(WHEEL_VERSIONS)" ARCHS="$(ARCHS)" \
+		MAX_GLIBC_MINOR=$(lastword $(subst _, ,$(MANYLINUX))) \
+		TORCH_FROM="$(TORCH_FROM)" bash scripts/check_wheels.sh dist
 
 clean:
 	rm -rf target dist $(VENV) python/fastmodule/*.so
