@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -79,7 +78,9 @@ def slots_of(cls: type) -> tuple[bool, bool, bool]:
     return _core.installed(cls)
 
 
-_core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+_core.init(Module)
+# libtorch's own jit-tracing check, found from torch's extension (no file names).
+_core.resolve_tracing_probe(getattr(torch._C, "__file__", None))
 # Module calls step aside while a trace/profile function is set (see tracer_probe).
 tracer_probe.probe()
 # torch's own whole-tree methods run the same bodies for fast instances
