@@ -1,10 +1,12 @@
 """Record the installed torch as verified: add its source files' hashes and its
 functions' fingerprints to ``python/fastmodule/verified_torch.py``.
 
-Run it only after the whole test suite (``make test``, ``make test-debug``)
-passed on that torch: fastmodule then turns its native paths on wherever torch's
-code is one of these. Entries already there are kept (the union of every
-verified torch); ``--check`` only reports what the installed torch adds.
+fastmodule turns a native path on only where torch's code is recorded here, so
+on a torch not recorded yet: run this, then the whole suite (``make test``,
+``make test-debug``) with the native paths on, and keep the new entries only if
+it passes (``git checkout python/fastmodule/verified_torch.py`` otherwise).
+Entries already there are kept (the union of every verified torch); ``--check``
+only reports what the installed torch would add.
 
     .venv/bin/python scripts/verified_torch.py [--check]
 """

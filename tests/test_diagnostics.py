@@ -300,6 +300,9 @@ def scenario(base):
 
 stock, _ = scenario(nn.Module)
 fast, Net = scenario(fastmodule.Module)
+from fastmodule import nn as drop_in
+fastmodule.install()
+drop_in_linear = drop_in.Linear(2, 2)
 try:
     fastmodule._core.installed(Net)
     initialised = True
@@ -312,6 +315,9 @@ print(json.dumps({
     "fast": fast,
     "initialised": initialised,
     "slots": fastmodule.slots_of(Net),
+    "drop_in_accelerated": fastmodule.is_accelerated(drop_in_linear),
+    "installed": fastmodule.installed(),
+    "init_subclass": "__init_subclass__" in vars(nn.Module),
     "torch_module_untouched": set(vars(torch_module)) == torch_names,
     "torch_code_untouched": all(
         getattr(nn.Module, k).__code__ is c for k, c in codes.items()
@@ -335,6 +341,7 @@ def test_unverified_interpreter_runs_stock_and_warns_once() -> None:
     assert out["fast"]["accelerated"] is False
     assert out["initialised"] is False
     assert out["slots"] == [False, False, False]
+    assert not out["drop_in_accelerated"] and not out["installed"] and not out["init_subclass"]
     assert out["torch_module_untouched"] and out["torch_code_untouched"]
     assert out["methods_defined"] == []
     rows = out["rows"]
