@@ -14,7 +14,7 @@ PY312 ?= $(call find_py,3.12)
 PY313 ?= $(call find_py,3.13)
 
 .PHONY: setup build-dev build-prod test test-debug test-memcheck bench bench-instructions lint \
-	wheels check-wheels clean
+	check-py314 wheels check-wheels clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -79,6 +79,13 @@ lint: setup
 	cargo clippy --release --all-targets -- -D warnings
 	$(VPY) -m ruff check python tests benches scripts
 	$(VPY) -m ruff format --check python tests benches scripts
+
+# The crate against pyo3's definitions for CPython 3.14 (.ci/pyo3-py314.cfg: a
+# shared, non-free-threaded 3.14; no interpreter needed), in a target folder of
+# its own so the extension's build is not invalidated. Compiling is all it
+# shows: at run time an interpreter fastmodule has not verified runs stock.
+check-py314:
+	PYO3_CONFIG_FILE=$(abspath .ci/pyo3-py314.cfg) cargo check --lib --target-dir target/py314
 
 # Portable release wheels: CPython 3.11, 3.12 and 3.13 for each architecture in ARCHS,
 # tagged manylinux_2_28. zig (the `ziglang` package from PyPI) links them against

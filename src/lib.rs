@@ -7,7 +7,7 @@
 //! - `methods`: torch's registration functions served through their vectorcall,
 //! - `slots`: installing the C slots on classes (and re-arming them),
 //! - `hooks`: the module-level hook dicts,
-//! - `tracing`: the jit-tracing probe,
+//! - `tracing`: the jit-tracing probe (libtorch's symbol, found without file names),
 //! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
 //! - `zero_grad`: reading the grads from a recorded parameters walk first,
 //! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
@@ -53,17 +53,30 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 /// Capture torch's originals, route torch's module functions through their
-/// native vectorcalls, resolve the tracing probe from `libtorch_path`, and
-/// install the slots on `fast_module` itself.
+/// native vectorcalls and install the slots on `fast_module` itself. `off`
+/// names the paths ("call", "getattr", "registration") that stay torch's:
+/// their torch code is not what fastmodule verified.
 #[pyfunction]
-fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, libtorch_path: &str) -> PyResult<()> {
+#[pyo3(signature = (fast_module, off = Vec::new()))]
+fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> PyResult<()> {
+    for name in &off {
+        slots::switch_off(match name.as_str() {
+            "call" => slots::CALL,
+            "getattr" => slots::GETATTR,
+            "registration" => slots::REGISTRATION,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown native path {other:?}"
+                )))
+            }
+        });
+    }
     cpython::quiet::init(py)?;
     // No free dict-watcher slot: caches and plans stay off (see `cache_validity`).
     let _ = cpython::validity::init(py);
     state::init(py, fast_module)?;
     slots::capture_generic(state::require(py)?);
     facts::init(state::require(py)?);
-    tracing::init(libtorch_path);
     methods::install(py)?;
     slots::install_class(py, fast_module)?;
     items::init(py)?;
@@ -246,9 +259,28 @@ fn native_tracing_probe() -> bool {
     tracing::native()
 }
 
-/// A value that changes whenever a dict is mutated: CPython's version tag
-/// (insertion, deletion, rebinding), plus, for an exact `OrderedDict`, its
-/// linked-list state (which also moves on `move_to_end`). None for non-dicts.
+/// Look libtorch's `getTracingState` up through the loaded library
+/// `torch_library` (torch's extension) and, if `walk`, among all loaded
+/// libraries; `(native probe in use, what was found)`. Without it the call
+/// path asks `torch._C._is_tracing()`.
+#[pyfunction]
+#[pyo3(signature = (torch_library, walk = true))]
+fn resolve_tracing_probe(torch_library: Option<&str>, walk: bool) -> (bool, String) {
+    tracing::resolve(torch_library, walk)
+}
+
+/// `(native probe in use, what the last lookup found)`.
+#[pyfunction]
+fn tracing_probe() -> (bool, String) {
+    tracing::status()
+}
+
+/// Are recorded walks (plans) kept on this interpreter build?
+#[pyfunction]
+fn recorded_walks() -> bool {
+    plan_parts::enabled()
+}
+
 /// How this interpreter decides that a remembered dict or class is unchanged
 /// ("dict version tags (CPython 3.11)", "dict watcher N"), or why caches and
 /// plans are off ("off: ...").
@@ -257,6 +289,9 @@ fn cache_validity() -> String {
     cpython::validity::status()
 }
 
+/// A value that changes whenever a dict is mutated (its version, see
+/// `cpython::validity`), plus, for an exact `OrderedDict`, its linked-list
+/// state (which also moves on `move_to_end`). None for non-dicts.
 #[pyfunction]
 fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
     dict_version_of(py, d)
@@ -346,6 +381,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restore_class, m)?)?;
     m.add_function(wrap_pyfunction!(is_accelerated_class, m)?)?;
     m.add_function(wrap_pyfunction!(native_tracing_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(resolve_tracing_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(tracing_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(recorded_walks, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(init_load, m)?)?;

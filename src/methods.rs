@@ -76,6 +76,19 @@ impl Which {
             | Which::RegisterModule => VECTORCALL_INLINED,
         }
     }
+    /// The path (`crate::slots::CALL`, ...) this function's native body serves.
+    fn path(self) -> u8 {
+        match self {
+            Which::WrappedCallImpl => crate::slots::CALL,
+            Which::GetAttr => crate::slots::GETATTR,
+            Which::SetAttr
+            | Which::DelAttr
+            | Which::RegisterParameter
+            | Which::RegisterBuffer
+            | Which::AddModule
+            | Which::RegisterModule => crate::slots::REGISTRATION,
+        }
+    }
     fn function(self, g: &Globals) -> *mut ffi::PyObject {
         let o = &g.orig;
         match self {
@@ -290,7 +303,7 @@ pub(crate) unsafe fn set_vectorcall(func: *mut ffi::PyFunctionObject, vc: ffi::v
 }
 
 /// Point torch's functions at the native entry points (once; see
-/// [`Which::routed`]).
+/// [`Which::routed`]), except those of paths switched off.
 pub fn install(py: Python<'_>) -> PyResult<()> {
     let g = require(py)?;
     if SAVED.get().is_some() {
@@ -323,7 +336,10 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
         }
     };
     let _ = SAVED.set(Saved(arr));
-    for w in ALL.into_iter().filter(|w| w.routed()) {
+    for w in ALL
+        .into_iter()
+        .filter(|w| w.routed() && crate::slots::on(w.path()))
+    {
         unsafe { set_vectorcall(w.function(g) as *mut ffi::PyFunctionObject, ours(w)) };
     }
     Ok(())

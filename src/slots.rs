@@ -22,6 +22,27 @@ use crate::state::{require, Globals};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
+/// Native paths that can be switched off at import, where torch's code for
+/// them is not the code fastmodule verified (`fastmodule.verification`): the
+/// call, the attribute read, and registration (`__setattr__`, `__delattr__`,
+/// `register_*`, `add_module`).
+pub const CALL: u8 = 1;
+pub const GETATTR: u8 = 2;
+pub const REGISTRATION: u8 = 4;
+static OFF: AtomicU8 = AtomicU8::new(0);
+
+/// Switch paths off (before `methods::install`; never back on).
+pub fn switch_off(paths: u8) {
+    OFF.fetch_or(paths, Relaxed);
+}
+
+/// Is the native `path` (one of the constants above) on?
+#[inline(always)]
+pub fn on(path: u8) -> bool {
+    OFF.load(Relaxed) & path == 0
+}
 
 /// Is a slot exactly `f`? (Our functions are distinct, non-merged symbols.)
 macro_rules! is_fn {
@@ -67,10 +88,13 @@ pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
         // nn.Module itself keeps CPython's slots (classes inherit them).
         return;
     }
-    if !is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) && call_ok(g, tp) {
+    if on(CALL) && !is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) && call_ok(g, tp) {
         (*tp).tp_call = Some(module_call);
     }
-    if !is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) && getattr_ok(g, tp) {
+    if on(GETATTR)
+        && !is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc)
+        && getattr_ok(g, tp)
+    {
         (*tp).tp_getattro = Some(module_getattro);
     }
 }
@@ -80,7 +104,8 @@ pub unsafe fn current(g: &Globals, tp: *mut ffi::PyTypeObject) -> Installed {
     Installed {
         call: is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc),
         getattr: is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc),
-        setattr: resolves_to(tp, g.names.dunder_setattr, g.orig.setattr)
+        setattr: on(REGISTRATION)
+            && resolves_to(tp, g.names.dunder_setattr, g.orig.setattr)
             && resolves_to(tp, g.names.dunder_delattr, g.orig.delattr),
     }
 }

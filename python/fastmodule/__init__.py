@@ -12,7 +12,12 @@ Swap the base class, or accelerate a model you already have::
 ``from fastmodule import nn`` is a drop-in for ``torch.nn``, and
 ``fastmodule.install()`` (or ``python -m fastmodule run script.py``)
 accelerates every module class in the process.
+
+``fastmodule.diagnostics()`` (or ``python -m fastmodule doctor``) lists which
+native paths are on for this interpreter and torch, and why any is off.
 """
+
+import warnings as _warnings
 
 from fastmodule.acceleration import (
     accelerate,
@@ -24,12 +29,17 @@ from fastmodule.acceleration import (
     uninstall,
 )
 from fastmodule.module import Module, slots_of
+from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
+from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
     "Module",
+    "PathStatus",
+    "UnverifiedWarning",
     "__version__",
     "accelerate",
     "accelerated",
+    "diagnostics",
     "install",
     "installed",
     "is_accelerated",
@@ -38,3 +48,9 @@ __all__ = [
     "uninstall",
 ]
 __version__ = "0.1.0"
+
+# Once per process (module code runs once), attributed to the importing line.
+_unverified = unverified_message()
+if _unverified is not None:
+    _warnings.warn(_unverified, UnverifiedWarning, stacklevel=2)
+del _unverified

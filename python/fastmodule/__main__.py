@@ -1,5 +1,6 @@
-"""Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...`` and
-``python -m fastmodule run script.py [args ...]``."""
+"""Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``,
+``python -m fastmodule run script.py [args ...]`` and
+``python -m fastmodule doctor [--json]``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import argparse
 import dataclasses
 import sys
 
+#: ``doctor``'s exit status when some native path is off (torch's code runs for it).
+DOCTOR_PATH_OFF = 3
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fastmodule`` argument parser (subcommands ``bench`` and ``run``)."""
+    """The ``fastmodule`` argument parser (subcommands ``bench``, ``run``, ``doctor``)."""
     parser = argparse.ArgumentParser(prog="fastmodule", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser(
@@ -50,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    doctor = sub.add_parser(
+        "doctor",
+        help="list which native paths are on for this interpreter and torch",
+        description="List fastmodule's native paths for this interpreter and torch: each on "
+        "or off, and why. A path that is off runs torch's own code. Exit status: 0 when "
+        f"every path is on, {DOCTOR_PATH_OFF} when some path is off.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -129,6 +141,26 @@ def run_script(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_doctor(args: argparse.Namespace) -> int:
+    """Run the ``doctor`` subcommand: 0 if every native path is on, else
+    :data:`DOCTOR_PATH_OFF`."""
+    import json
+
+    from fastmodule import native_paths
+
+    rows = native_paths.diagnostics()
+    if args.json:
+        print(json.dumps(native_paths.report(rows), indent=2))
+    else:
+        header = native_paths.report(rows)
+        print(
+            f"fastmodule {header['fastmodule']}, torch {header['torch']}, "
+            f"Python {header['python']} ({header['platform']})\n"
+        )
+        print(native_paths.format_table(rows))
+    return DOCTOR_PATH_OFF if any(r.on is False for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fastmodule`` and the ``fastmodule`` console script."""
     args = build_parser().parse_args(argv)
@@ -136,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "run":
         return run_script(args)
+    if args.command == "doctor":
+        return run_doctor(args)
     return 2  # unreachable: argparse requires a known subcommand
 
 

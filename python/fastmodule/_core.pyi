@@ -1,7 +1,8 @@
 """Native core of fastmodule (private; use :mod:`fastmodule`)."""
 
-def init(fast_module: type, libtorch_path: str) -> None:
-    """Capture torch's originals and install the slots on ``fast_module``."""
+def init(fast_module: type, off: list[str] = ...) -> None:
+    """Capture torch's originals and install the slots on ``fast_module``; the
+    paths in ``off`` ("call", "getattr", "registration") stay torch's."""
 
 def install_class(cls: type) -> tuple[bool, bool, bool]:
     """Give ``cls`` the native (call, getattr, setattr) slots its MRO allows."""
@@ -11,6 +12,16 @@ def installed(cls: type) -> tuple[bool, bool, bool]:
 
 def native_tracing_probe() -> bool:
     """Whether jit tracing is detected through libtorch directly."""
+
+def resolve_tracing_probe(torch_library: str | None, walk: bool = True) -> tuple[bool, str]:
+    """Find libtorch's ``getTracingState`` from the loaded library ``torch_library``
+    (and, if ``walk``, among all loaded libraries): (native probe in use, what was found)."""
+
+def tracing_probe() -> tuple[bool, str]:
+    """(native jit-tracing probe in use, what the last lookup found)."""
+
+def recorded_walks() -> bool:
+    """Are recorded walks (plans) kept on this interpreter build?"""
 
 def walk(method: str, module: object, *args: object) -> object:
     """torch's tree-walk method ``method`` for ``module``, run natively."""

@@ -34,11 +34,12 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core
+from fastmodule import _core, verification
 from fastmodule.inline_routes import ROUTE, original_code
 
 __all__ = [
     "BODIES",
+    "STOCK",
     "WALKED",
     "caller_stacklevel",
     "torch_code",
@@ -50,6 +51,10 @@ __all__ = [
 #: torch's own ``nn.Module.<name>`` is routed to it for fast instances.
 BODIES: dict[str, Callable[..., Any]] = {}
 
+#: name -> why torch's own ``nn.Module.<name>`` serves ``fastmodule.Module`` too
+#: (its native body is off: see :func:`torch_method`).
+STOCK: dict[str, str] = {}
+
 #: The methods whose body is exactly ``return _fastmodule_walk(name, self,
 #: <torch's parameters>)`` (``yield from`` for iterators): torch's prefixed code
 #: calls the walk itself for them.
@@ -58,7 +63,8 @@ WALKED: set[str] = set()
 # torch's module namespace. ``_fastmodule_walk`` is there for the bodies (and
 # torch's prefixed code) to call.
 _TORCH_GLOBALS = sys.modules[torch.nn.Module.__module__].__dict__
-_TORCH_GLOBALS["_fastmodule_walk"] = _core.walk
+if verification.native_problem() is None:  # else torch's module stays untouched
+    _TORCH_GLOBALS["_fastmodule_walk"] = _core.walk
 
 
 def torch_code(name: str) -> Callable[..., Any]:
@@ -228,10 +234,19 @@ def torch_method(
 ) -> Callable[..., Any]:
     """``torch.nn.Module.<name>`` served by ``body`` while torch's is unpatched.
 
-    ``usable=False`` (the installed torch is not the one ``body`` reproduces)
-    always runs torch's code. ``walked``: ``body`` is exactly ``return
-    _fastmodule_walk(name, self, <its parameters>)`` (see :data:`WALKED`).
+    ``usable=False`` (the installed torch lacks a text ``body`` needs), an
+    interpreter or a torch function that ``fastmodule.verification`` could not
+    verify put ``name`` in :data:`STOCK`: ``fastmodule.Module`` then inherits
+    torch's own method, and torch's is not routed. ``walked``: ``body`` is
+    exactly ``return _fastmodule_walk(name, self, <its parameters>)`` (see
+    :data:`WALKED`).
     """
+    off = verification.native_problem() or verification.method_problem(name)
+    if off is None and not usable:
+        off = "a message text it needs is not in torch's code"
+    if off is not None:
+        STOCK[name] = off
+        usable = False
     original = torch.nn.Module.__dict__[name]
     body = _as_torch_function(body, name)  # type: ignore[arg-type]
     if usable:

@@ -17,6 +17,10 @@ torch's whole-tree methods reach the native bodies through a statement put
 in front of their code (``fastmodule.inline_routes``). The classes are held
 weakly: a class made at run time (``torch.fx``, parametrization) still dies
 when nothing else holds it.
+
+Where no native path is on (an interpreter fastmodule has not verified, see
+``fastmodule.diagnostics()``) these functions change nothing: models run
+torch's code and :func:`is_accelerated` answers False.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from fastmodule import _core
-from fastmodule.module import Module
+from fastmodule.module import NATIVE, Module
 
 __all__ = [
     "accelerate",
@@ -69,6 +73,8 @@ def accelerate(model: M) -> M:
         TypeError: ``model`` is not a ``torch.nn.Module``.
     """
     _check(model, "accelerate")
+    if not NATIVE:
+        return model
     done: list[type] = []
     try:
         for cls in _classes(model):
@@ -88,6 +94,9 @@ def accelerated(model: M) -> Iterator[M]:
     """``with accelerated(model):`` accelerates ``model``'s classes for the block and
     restores, on exit, exactly those that were not accelerated before it."""
     _check(model, "accelerated")
+    if not NATIVE:
+        yield model
+        return
     newly = [
         cls
         for cls in _classes(model)
@@ -110,6 +119,8 @@ def restore(model: M) -> M:
         TypeError: ``model`` is not a ``torch.nn.Module``.
     """
     _check(model, "restore")
+    if not NATIVE:
+        return model
     for cls in _classes(model):
         _core.restore_class(cls)
     return model
@@ -117,7 +128,7 @@ def restore(model: M) -> M:
 
 def is_accelerated(module: Any) -> bool:
     """Does ``module`` take fastmodule's native paths?"""
-    if not isinstance(module, torch.nn.Module):
+    if not NATIVE or not isinstance(module, torch.nn.Module):
         return False
     cls = type(module)
     return issubclass(cls, Module) or _core.is_accelerated_class(cls)
@@ -153,8 +164,9 @@ def install() -> None:
 
     For users who cannot touch model code; ``python -m fastmodule run script.py``
     does this before running the script. Idempotent; :func:`uninstall` undoes it.
+    Where no native path is on it changes nothing.
     """
-    if "__init_subclass__" in _INSTALLED:
+    if "__init_subclass__" in _INSTALLED or not NATIVE:
         return
     if "__init_subclass__" in torch.nn.Module.__dict__:
         raise RuntimeError("torch.nn.Module already defines __init_subclass__; not installing")

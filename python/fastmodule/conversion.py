@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
+from fastmodule import _core, runtime, verification  # noqa: F401 - runtime: initialised first
 from fastmodule._dispatch import torch_code, torch_method
 
 # The name torch's module globals give the walk too: the body runs with them
 # (see fastmodule._dispatch).
 _fastmodule_walk = _core.walk
 
-__all__ = ["apply_fn"]
+__all__ = ["KNOWN", "apply_fn"]
 
 # torch's own `_apply` code (not routed back to the native walk).
 _TORCH_APPLY = torch_code("_apply")
@@ -66,8 +66,13 @@ def _closures(method: str) -> list[Any]:
     return [c for c in torch.nn.Module.__dict__[method].__code__.co_consts if hasattr(c, "co_code")]
 
 
+def _verified(method: str) -> bool:
+    return verification.function_problem(f"torch.nn.modules.module:Module.{method}") is None
+
+
 def _known() -> list[tuple[Any, str, Any]]:
-    """torch's conversion closures whose result the native walk can predict."""
+    """torch's conversion closures whose result the native walk can predict
+    (only in methods whose code fastmodule verified)."""
     known: list[tuple[Any, str, Any]] = []
     for method, dtype in (
         ("float", torch.float32),
@@ -75,14 +80,14 @@ def _known() -> list[tuple[Any, str, Any]]:
         ("half", torch.float16),
         ("bfloat16", torch.bfloat16),
     ):
-        codes = _closures(method)
+        codes = _closures(method) if _verified(method) else []
         # Exactly one closure without free variables that calls t.<method>().
         if len(codes) == 1 and not codes[0].co_freevars and method in codes[0].co_names:
             known.append((codes[0], "float_type", dtype))
-    cpu = _closures("cpu")
+    cpu = _closures("cpu") if _verified("cpu") else []
     if len(cpu) == 1 and not cpu[0].co_freevars and cpu[0].co_names == ("cpu",):
         known.append((cpu[0], "cpu", None))
-    for code in _closures("to"):
+    for code in _closures("to") if _verified("to") else []:
         names = code.co_freevars
         if code.co_name == "convert" and set(names) == {
             "convert_to_format",
@@ -109,11 +114,14 @@ def _tensor_methods() -> list[tuple[str, Any]]:
     return out
 
 
+#: torch's conversion closures the native ``_apply`` recognises: (code, kind, detail).
+KNOWN = _known()
+
 _core.init_apply(
     {
         "compatible": torch._has_compatible_shallow_copy_type,
         "resume": resume,
-        "known": _known(),
+        "known": KNOWN,
         "tensor_methods": _tensor_methods(),
     }
 )

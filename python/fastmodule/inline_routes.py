@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core
+from fastmodule import _core, verification
 
 __all__ = ["NEEDED", "ROUTE", "install", "original_code", "prefixed"]
 
@@ -105,7 +105,8 @@ def _make_route() -> Callable[[Any], bool]:
 
 
 #: The route check (see :func:`_make_route`); fastmodule's own methods ask it too.
-ROUTE = _make_route()
+#: Where no native path is on, :func:`_route` itself (torch's module untouched).
+ROUTE = _make_route() if verification.native_problem() is None else _route
 
 
 def _code_of(module_code: types.CodeType, qualname: str, line: int) -> types.CodeType | None:

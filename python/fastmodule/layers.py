@@ -19,9 +19,9 @@ import torch.nn.functional as F
 import torch.nn.modules.activation as activation
 import torch.nn.modules.linear as linear
 
-from fastmodule import _core
+from fastmodule import _core, verification
 
-__all__: list[str] = []
+__all__ = ["CONTAINERS", "LAYERS"]
 
 
 def _names(f: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -45,7 +45,20 @@ def _expected() -> bool:
     )
 
 
-if _expected():
+def _layers_problem() -> str | None:
+    """Why torch's layer forwards run with their frames, or None."""
+    problem = verification.native_problem()
+    problem = problem or verification.path_problem(verification.LAYER_FUNCTIONS)
+    if problem is None and not _expected():
+        problem = "torch's layer code reads other names than the native versions"
+    return problem
+
+
+#: Why the layer forwards are not run natively (None: they are, within the call
+#: path; see ``fastmodule.diagnostics()``).
+LAYERS = _layers_problem()
+
+if LAYERS is None:
     _core.init_layers(
         {
             "sequential_forward": torch.nn.Sequential.forward,
@@ -83,13 +96,19 @@ _CONTAINER_METHODS = {
 
 
 def _containers() -> dict[str, Any]:
-    """The container methods whose installed body is the one-liner reproduced."""
+    """The container methods whose installed body is the one-liner reproduced
+    (and verified: ``fastmodule.verification``)."""
     out = {}
+    if verification.native_problem() is not None:
+        return out
     for qualname, (names, cls) in _CONTAINER_METHODS.items():
         f = cls.__dict__.get(qualname.split(".")[1])
-        if f is not None and hasattr(f, "__code__") and _names(f) == (names, ("self",)):
+        verified = verification.function_problem(f"{cls.__module__}:{qualname}") is None
+        if verified and hasattr(f, "__code__") and _names(f) == (names, ("self",)):
             out[qualname] = f
     return out
 
 
-_core.init_containers(_containers())
+#: The container methods served natively, by qualified name.
+CONTAINERS = _containers()
+_core.init_containers(CONTAINERS)

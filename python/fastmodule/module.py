@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ from fastmodule import (
     loading,
     paths,
     saving,
-    tracer_probe,
+    verification,
     walks,
 )
 from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
@@ -71,22 +70,44 @@ class Module(torch.nn.Module):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Slots are per class; CPython recomputes them for each new subclass.
-        _core.install_class(cls)
+        if NATIVE:
+            _core.install_class(cls)
+
+
+def _inherit_stock_methods() -> None:
+    """A method whose native body is off is torch's own, inherited (so a patch
+    of torch.nn.Module's reaches fastmodule.Module too, as for any subclass)."""
+    for name in _dispatch.STOCK:
+        delattr(Module, name)
+
+
+_inherit_stock_methods()
+
+#: Whether any native path is on in this process (see fastmodule.verification).
+NATIVE = verification.native_problem() is None
 
 
 def slots_of(cls: type) -> tuple[bool, bool, bool]:
     """Which native slots (call, getattr, setattr) ``cls`` carries right now."""
+    if not NATIVE:
+        return (False, False, False)
     return _core.installed(cls)
 
 
-_core.init(Module, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-# Module calls step aside while a trace/profile function is set (see tracer_probe).
-tracer_probe.probe()
-# torch's own whole-tree methods run the same bodies for fast instances
-# (accelerated classes included), wherever they are called from.
-_core.route_torch_methods(
-    _dispatch.BODIES, {name: _dispatch.torch_code(name) for name in _dispatch.BODIES}
-)
-# Called from Python (CPython 3.11 skips the vectorcall; from 3.12 on it is not
-# routed at all, see inline_routes): a statement in front of torch's code.
-inline_routes.install(_dispatch.BODIES, _dispatch.WALKED)
+if NATIVE:
+    # (verification.native_problem() located the thread state's trace/profile
+    # fields: module calls step aside while a tracer or profiler is set.)
+    _core.init(
+        Module,
+        [p for p, fns in verification.CORE_PATHS.items() if verification.path_problem(fns)],
+    )
+    # libtorch's own jit-tracing check, found from torch's extension.
+    _core.resolve_tracing_probe(getattr(torch._C, "__file__", None))
+    # torch's own whole-tree methods run the same bodies for fast instances
+    # (accelerated classes included), wherever they are called from.
+    _core.route_torch_methods(
+        _dispatch.BODIES, {name: _dispatch.torch_code(name) for name in _dispatch.BODIES}
+    )
+    # Called from Python (CPython 3.11 skips the vectorcall; from 3.12 on it is not
+    # routed at all, see inline_routes): a statement in front of torch's code.
+    inline_routes.install(_dispatch.BODIES, _dispatch.WALKED)

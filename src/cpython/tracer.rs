@@ -10,8 +10,9 @@
 //! sets a profile and a trace function of its own, [`locate`] finds the two
 //! objects among the thread state's first words (the two function pointers
 //! just before them must be set), and [`confirm`] sees all four cleared once
-//! they are unset. Until both succeed the check answers "no" and
-//! `fastmodule.diagnostics()` says that tracers see fastmodule's frames.
+//! they are unset. Until both succeed the check answers "no"; if they fail at
+//! import, `fastmodule.verification` switches no native path on (and
+//! `fastmodule.diagnostics()` says why).
 use pyo3::ffi;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

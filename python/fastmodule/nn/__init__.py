@@ -16,7 +16,7 @@ import torch
 import torch.nn as _torch_nn
 
 from fastmodule import _core
-from fastmodule.module import Module
+from fastmodule.module import NATIVE, Module
 
 # `import fastmodule.nn.functional as F` and friends: torch's own modules.
 for _name in ("functional", "init", "utils", "parameter", "modules", "parallel", "attention"):
@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
     except AttributeError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj is not torch.nn.Module:
-        if not issubclass(obj, Module):
+        if NATIVE and not issubclass(obj, Module):  # (else nothing native is on)
             _core.accelerate_class(obj)
     return obj
 

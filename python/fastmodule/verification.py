@@ -1,0 +1,335 @@
+"""What fastmodule checks at import before it turns a native path on.
+
+Each native path reproduces torch's Python code for it step by step, so it is
+right only for the code it was written and tested against. At import every
+torch function a path reproduces is compared with the ones fastmodule verified
+(``fastmodule.verified_torch``): a source file known whole by its hash, or else
+the function's own source, compared as syntax (comments, docstrings,
+annotations and line numbers left out, so an unrelated edit elsewhere in
+torch's file changes nothing). The function must also be the one that file
+defines (its code object's file and qualified name), so a function patched
+before ``import fastmodule`` is not taken for torch's.
+
+A path whose functions do not all match stays torch's: ``fastmodule.Module``
+and accelerated classes run torch's own code for it, exactly as stock.
+Likewise on an interpreter fastmodule was not verified on (other than CPython
+3.11-3.13 with the GIL) no native path is switched on at all.
+``fastmodule.diagnostics()`` lists what is on and why anything is off;
+``import fastmodule`` warns once (:class:`UnverifiedWarning`) naming what it
+could not verify.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import hashlib
+import importlib
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Iterable
+
+import torch
+
+from fastmodule.verified_torch import FILES, FUNCTIONS
+
+__all__ = [
+    "CONTAINER_METHODS",
+    "CONVERSIONS",
+    "CORE_PATHS",
+    "LAYER_FUNCTIONS",
+    "METHOD_PATHS",
+    "SUPPORTED_PYTHON",
+    "UnverifiedWarning",
+    "all_functions",
+    "display",
+    "fingerprint",
+    "function_problem",
+    "interpreter_problem",
+    "method_problem",
+    "native_problem",
+    "path_problem",
+    "torch_function",
+]
+
+#: CPython versions whose internals the native core was verified against.
+SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
+
+
+class UnverifiedWarning(RuntimeWarning):
+    """``import fastmodule`` met something it has not verified; those paths run
+    torch's own code (see ``fastmodule.diagnostics()``)."""
+
+
+_MODULE = "torch.nn.modules.module:Module."
+
+#: Native paths served through torch's own functions' entry points and the
+#: classes' C slots, with the torch functions each reproduces.
+CORE_PATHS: dict[str, tuple[str, ...]] = {
+    "call": (_MODULE + "_wrapped_call_impl", _MODULE + "_call_impl"),
+    "getattr": (_MODULE + "__getattr__",),
+    "registration": tuple(
+        _MODULE + n
+        for n in (
+            "__setattr__",
+            "__delattr__",
+            "register_parameter",
+            "register_buffer",
+            "add_module",
+            "register_module",
+        )
+    ),
+}
+
+# Whole-tree methods: the torch methods each native body runs natively
+# (itself, and those it dispatches to natively for a module that does not
+# override them).
+_NAMED_MODULES = ("named_modules",)
+_CHILDREN = ("children", "named_children")
+_MEMBERS = ("_named_members", *_NAMED_MODULES)
+_PARAMETERS = ("parameters", "named_parameters", *_MEMBERS)
+_TRAIN = ("train", *_CHILDREN)
+_METHOD_DEPS: dict[str, tuple[str, ...]] = {
+    "named_modules": _NAMED_MODULES,
+    "modules": ("modules", *_NAMED_MODULES),
+    "named_children": ("named_children",),
+    "children": _CHILDREN,
+    "named_parameters": ("named_parameters", *_MEMBERS),
+    "parameters": _PARAMETERS,
+    "named_buffers": ("named_buffers", *_MEMBERS),
+    "buffers": ("buffers", "named_buffers", *_MEMBERS),
+    "train": _TRAIN,
+    "eval": ("eval", *_TRAIN),
+    "requires_grad_": ("requires_grad_", *_PARAMETERS),
+    "zero_grad": ("zero_grad", *_PARAMETERS),
+    "apply": ("apply", *_CHILDREN),
+    "_apply": ("_apply", *_CHILDREN),
+    "state_dict": ("state_dict", "_save_to_state_dict"),
+    "load_state_dict": ("load_state_dict", "_load_from_state_dict"),
+    "get_submodule": ("get_submodule",),
+    "set_submodule": ("set_submodule",),
+    "get_parameter": ("get_parameter", "get_submodule"),
+    "get_buffer": ("get_buffer", "get_submodule"),
+}
+#: Whole-tree methods and the torch functions their native bodies reproduce.
+#: ``train`` (and so ``eval``) sets ``training`` with the native ``__setattr__``.
+METHOD_PATHS: dict[str, tuple[str, ...]] = {
+    name: tuple(_MODULE + d for d in deps)
+    + (CORE_PATHS["registration"] if name in ("train", "eval") else ())
+    for name, deps in _METHOD_DEPS.items()
+}
+
+#: torch's layer code the call path runs without frames (``fastmodule.layers``).
+LAYER_FUNCTIONS: tuple[str, ...] = (
+    "torch.nn.modules.linear:Linear.forward",
+    "torch.nn.modules.activation:ReLU.forward",
+    "torch.nn.modules.container:Sequential.forward",
+    "torch.nn.modules.container:Sequential.__iter__",
+    "torch.nn.functional:relu",
+)
+
+#: Container protocol methods served natively (``fastmodule.layers``).
+CONTAINER_METHODS: tuple[str, ...] = tuple(
+    f"torch.nn.modules.container:{cls}.{name}"
+    for cls, names in (
+        ("ModuleList", ("__iter__", "__len__")),
+        ("Sequential", ("__iter__", "__len__")),
+        ("ModuleDict", ("__iter__", "__len__", "keys", "values", "items")),
+    )
+    for name in names
+)
+
+#: torch's conversion methods whose closures the native ``_apply`` recognises.
+CONVERSIONS: tuple[str, ...] = tuple(
+    _MODULE + n for n in ("float", "double", "half", "bfloat16", "cpu", "to")
+)
+
+
+def all_functions() -> list[str]:
+    """Every torch function some native path reproduces."""
+    groups = [*CORE_PATHS.values(), *METHOD_PATHS.values()]
+    groups += [LAYER_FUNCTIONS, CONTAINER_METHODS, CONVERSIONS]
+    return sorted({f for group in groups for f in group})
+
+
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why this interpreter is not one fastmodule verified, or None if it is
+    (answered once: at import)."""
+    impl = sys.implementation.name
+    if impl != "cpython":
+        return f"{impl} is not CPython"
+    version = sys.version_info[:2]
+    if version not in SUPPORTED_PYTHON:
+        known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_PYTHON)
+        return f"CPython {version[0]}.{version[1]} is not one fastmodule verified ({known})"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "a free-threaded CPython build"
+    return None
+
+
+@functools.cache
+def native_problem() -> str | None:
+    """Why no native path is switched on in this process, or None: the
+    interpreter is not one fastmodule verified, or the trace/profile fields of
+    its thread state (which the native paths read to step aside for debuggers
+    and profilers, ``fastmodule.tracer_probe``) were not found."""
+    problem = interpreter_problem()
+    if problem is None:
+        from fastmodule import tracer_probe
+
+        if not tracer_probe.probe():
+            problem = "this CPython's trace/profile fields were not found"
+    return problem
+
+
+def torch_function(qualified: str) -> object:
+    """The object ``"module:Qual.name"`` names, read from class dicts (no
+    descriptor runs), or None."""
+    module_name, _, qualname = qualified.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for part in qualname.split("."):
+        namespace = getattr(obj, "__dict__", None)
+        if not isinstance(namespace, types.MappingProxyType | dict) or part not in namespace:
+            return None
+        obj = namespace[part]
+    return obj
+
+
+_SKIPPED_FIELDS = frozenset({"annotation", "returns", "type_comment", "type_params"})
+
+
+def _canonical(node: object) -> str:
+    """A node as text: its type and every field that is set, recursively,
+    without locations, annotations or empty fields (whose presence differs
+    between CPython versions)."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for field in node._fields:
+            if field in _SKIPPED_FIELDS:
+                continue
+            value = getattr(node, field, None)
+            if value is None or value == []:
+                continue
+            fields.append(f"{field}={_canonical(value)}")
+        return f"{type(node).__name__}({' '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return repr(node)
+
+
+def fingerprint(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """A function's source as syntax, hashed: its decorators, signature and body
+    without the docstring."""
+    node = copy.copy(fn)
+    if ast.get_docstring(fn, clean=False) is not None:
+        node.body = fn.body[1:]
+    return hashlib.sha256(_canonical(node).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _source(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+@functools.cache
+def _file_hash(path: str) -> str | None:
+    data = _source(path)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
+def _definitions(path: str) -> dict[tuple[str, int], ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function defined in the file: (qualified name, first line) -> node."""
+    data = _source(path)
+    if data is None:
+        return {}
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return {}
+    out: dict[tuple[str, int], ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    stack: list[tuple[str, Iterable[ast.stmt]]] = [("", tree.body)]
+    while stack:
+        prefix, body = stack.pop()
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                line = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                out[(prefix + node.name, line)] = node
+                stack.append((f"{prefix}{node.name}.<locals>.", node.body))
+            elif isinstance(node, ast.ClassDef):
+                stack.append((f"{prefix}{node.name}.", node.body))
+    return out
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _relative(path: str) -> str:
+    """``path`` relative to torch's package folder, with ``/`` separators."""
+    return os.path.relpath(path, os.path.dirname(_TORCH_DIR)).replace(os.sep, "/")
+
+
+@functools.cache
+def function_problem(qualified: str) -> str | None:
+    """Why torch's function ``"module:Qual.name"`` is not one fastmodule
+    verified, or None if it is."""
+    obj = torch_function(qualified)
+    _, _, qualname = qualified.partition(":")
+    if not isinstance(obj, types.FunctionType):
+        return "not a Python function" if obj is not None else "missing"
+    code = obj.__code__
+    if code.co_qualname != qualname:
+        return f"replaced (its code is {code.co_qualname!r})"
+    path = code.co_filename
+    if _file_hash(path) in FILES.get(_relative(path), ()):
+        return None
+    node = _definitions(path).get((qualname, code.co_firstlineno))
+    if node is None:
+        return "source not found" if _source(path) is None else "not defined in its file"
+    if fingerprint(node) not in FUNCTIONS.get(qualified, ()):
+        return "source differs from the verified versions"
+    return None
+
+
+def _problems(functions: Iterable[str]) -> list[str]:
+    out = []
+    for f in functions:
+        problem = function_problem(f)
+        if problem is not None:
+            out.append(f"{display(f)}: {problem}")
+    return out
+
+
+def display(qualified: str) -> str:
+    """``"torch.nn.modules.module:Module.x"`` as people write it: ``nn.Module.x``."""
+    module_name, _, qualname = qualified.partition(":")
+    if module_name.startswith("torch.nn.modules."):
+        return "nn." + qualname
+    if module_name == "torch.nn.functional":
+        return "F." + qualname
+    return f"{module_name}.{qualname}"
+
+
+def path_problem(functions: Iterable[str]) -> str | None:
+    """Why a path reproducing ``functions`` stays torch's, or None."""
+    problems = _problems(functions)
+    return "; ".join(problems) if problems else None
+
+
+def method_problem(name: str) -> str | None:
+    """Why the native body of whole-tree method ``name`` stays off, or None."""
+    deps = METHOD_PATHS.get(name)
+    if deps is None:
+        return "not a whole-tree method fastmodule serves"
+    return path_problem(deps)
