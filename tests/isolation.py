@@ -127,6 +127,9 @@ class Snapshot:
         # Imports at collection may accelerate classes for good: only new ones count.
         self.installed = fastmodule.installed()
         self.accelerated = set(accelerated_leftovers())
+        # Whether caches and plans are on (and how) is process-wide and cannot be
+        # switched back: a test must never switch them off.
+        self.validity = _core.cache_validity().split(" (")[0]
 
     def restore(self) -> list[str]:
         """Put everything back; what a test left behind (not torch's own changes)."""
@@ -154,6 +157,8 @@ class Snapshot:
         if fastmodule.installed() and not self.installed:
             left.append("fastmodule.install()")
             fastmodule.uninstall()
+        if _core.cache_validity().split(" (")[0] != self.validity:
+            left.append(f"cache validity now {_core.cache_validity()!r}")
         classes = [c for c in accelerated_leftovers() if c not in self.accelerated]
         if classes:
             left.append(f"accelerated classes {[c.__qualname__ for c in classes][:10]}")

@@ -9,6 +9,7 @@ features off while they differ (its ``KNOWN`` table names these tests).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -33,6 +34,19 @@ class Colliding:
     def __eq__(self, other: object) -> bool:
         self.log.append(other)
         return self.equal and other == self.name
+
+
+# From 3.12 on, CPython's specialising interpreter makes lookups of its own when it
+# tries to specialise an attribute read in torch's code, and when it tries depends on
+# what ran before in the process (stock against stock differs by run order). The
+# number of `__eq__` calls is compared where it is stock's behaviour (3.11); from 3.12
+# on, which names were compared.
+EQ_COUNTS_ARE_STOCK_BEHAVIOUR = sys.version_info < (3, 12)
+
+
+def seen(log: list[Any]) -> list[Any]:
+    """What a scenario records of ``log``: see ``EQ_COUNTS_ARE_STOCK_BEHAVIOUR``."""
+    return log[:] if EQ_COUNTS_ARE_STOCK_BEHAVIOUR else sorted({repr(o) for o in log})
 
 
 def same_on_both(scenario: Any) -> None:
@@ -65,7 +79,7 @@ def test_call_looks_forward_up_in_the_instance_dict_every_time() -> None:
         for _ in range(3):
             root(torch.zeros(1))
             root.leaf(torch.zeros(1))
-            out.append(log[:])
+            out.append(seen(log))
             log.clear()
         return out
 
@@ -85,7 +99,7 @@ def test_walk_reads_a_colliding_registry_name_once() -> None:
         root.e.__dict__[Colliding("_buffers", log, equal=True)] = 5
         out = []
         for _ in range(3):
-            out.append((outcome(lambda: [n for n, _ in root.named_buffers()]), log[:]))
+            out.append((outcome(lambda: [n for n, _ in root.named_buffers()]), seen(log)))
             log.clear()
         return out
 
@@ -106,7 +120,7 @@ def test_linear_reads_weight_through_the_instance_dict_every_call() -> None:
         out = []
         for _ in range(3):
             root(torch.ones(3, 2))
-            out.append(log[:])
+            out.append(seen(log))
             log.clear()
         return out
 
@@ -136,9 +150,9 @@ def test_getattr_tests_then_reads_the_registry(registry: str, equal: bool) -> No
         log.clear()
         out = []
         for _ in range(2):
-            out.append((type(m.x).__name__, log[:]))
+            out.append((type(m.x).__name__, seen(log)))
             log.clear()
-            out.append((hasattr(m, "x"), log[:]))
+            out.append((hasattr(m, "x"), seen(log)))
             log.clear()
         return out
 
@@ -160,7 +174,7 @@ def test_train_tests_training_against_each_registry_every_call(registry: str) ->
         out = []
         for i in range(4):
             root.train(i % 2 == 0)
-            out.append(log[:])
+            out.append(seen(log))
             log.clear()
         return out
 
@@ -186,7 +200,7 @@ def test_load_tests_every_buffer_key_against_the_non_persistent_set() -> None:
         sd = root.state_dict()
         out = []
         for _ in range(3):
-            out.append((str(root.load_state_dict(sd)), log[:]))
+            out.append((str(root.load_state_dict(sd)), seen(log)))
             log.clear()
         return out
 
@@ -214,9 +228,9 @@ def test_load_tests_the_non_persistent_set_once_per_buffer(strict: bool) -> None
         root.leaf._non_persistent_buffers_set.add(Colliding("b", log, equal=True))
         out = []
         for _ in range(2):
-            out.append((outcome(lambda: str(root.load_state_dict(sd, strict=strict))), log[:]))
+            out.append((outcome(lambda: str(root.load_state_dict(sd, strict=strict))), seen(log)))
             log.clear()
-            out.append((list(root.state_dict()), log[:]))
+            out.append((list(root.state_dict()), seen(log)))
             log.clear()
         return out
 
@@ -239,7 +253,7 @@ def test_accelerated_stock_tree_matches_too() -> None:
             out = []
             for _ in range(3):
                 root(torch.zeros(1))
-                out.append(log[:])
+                out.append(seen(log))
                 log.clear()
             return out
         finally:

@@ -99,6 +99,9 @@ mod dicts {
     /// `PyDict_EVENT_DEALLOCATED` in CPython's `PyDict_WatchEvent`.
     const EVENT_DEALLOCATED: c_int = 5;
 
+    /// The table value of a dict nothing may be remembered about.
+    const UNTRUSTED: u64 = u64::MAX;
+
     /// An open-addressing table from dict address to version (linear probing,
     /// deletion by backward shift): a lookup is a multiply, a shift and
     /// usually one compare, which the call path pays on every module call.
@@ -119,6 +122,8 @@ mod dicts {
         why: Option<String>,
         /// The interned name `__dict__`, kept for the life of the process.
         dunder_dict: *mut ffi::PyObject,
+        /// Instance dicts marked `UNTRUSTED` so far.
+        distrusted: u64,
     }
 
     struct Shared(UnsafeCell<Table>);
@@ -134,6 +139,7 @@ mod dicts {
         detach: false,
         why: None,
         dunder_dict: std::ptr::null_mut(),
+        distrusted: 0,
     }));
 
     #[inline(always)]
@@ -241,8 +247,10 @@ mod dicts {
         if event == EVENT_DEALLOCATED {
             t.remove(dict as usize);
         } else if let Some(i) = t.find(dict as usize) {
-            let v = t.next();
-            t.values[i] = v;
+            if t.values[i] != UNTRUSTED {
+                let v = t.next();
+                t.values[i] = v;
+            }
         }
         0
     }
@@ -253,9 +261,11 @@ mod dicts {
     pub unsafe fn version(dict: *mut ffi::PyObject) -> u64 {
         let t = &mut *TABLE.0.get();
         if let Some(i) = t.find(dict as usize) {
-            if t.watcher >= 0 {
-                return t.values[i];
+            let v = t.values[i];
+            if t.watcher >= 0 && v != UNTRUSTED {
+                return v;
             }
+            return t.next();
         }
         first_version(t, dict)
     }
@@ -298,9 +308,10 @@ mod dicts {
     /// `obj.__dict__ = obj.__dict__` through the class's own `__dict__`
     /// getset (CPython's, which detaches the values: `PyObject_GenericSetDict`
     /// does not), found without running code and called only if it is a C
-    /// getset. Setting the same dict frees nothing. Should it fail, the dict
-    /// stays shared and its stores unreported: nothing can be trusted any
-    /// more, so the caches go off.
+    /// getset. Setting the same dict frees nothing. Should it not apply (a
+    /// class with a `__dict__` of its own) or fail, the dict stays shared and
+    /// its stores unreported: it is marked so that nothing about it is ever
+    /// remembered (each version asked is new).
     #[cfg(Py_3_13)]
     #[cold]
     #[inline(never)]
@@ -315,9 +326,20 @@ mod dicts {
             && !shares_inline_values(obj, dict);
         if !ok {
             ffi::PyErr_Clear();
-            t.watcher = -3;
-            t.why = Some("an instance dict could not be given its own values".to_owned());
+            distrust(t, dict);
         }
+    }
+
+    /// Never remember anything about `dict` while it lives (watched, so its
+    /// deallocation clears the mark).
+    #[cfg(Py_3_13)]
+    unsafe fn distrust(t: &mut Table, dict: *mut ffi::PyObject) {
+        if t.watcher < 0 || ffi::PyDict_Watch(t.watcher, dict) != 0 {
+            ffi::PyErr_Clear();
+            return;
+        }
+        t.insert(dict as usize, UNTRUSTED);
+        t.distrusted += 1;
     }
 
     /// Is every store into the attributes of an instance like `obj` reported
@@ -402,7 +424,9 @@ mod dicts {
             ),
             id if t.detach => format!(
                 "dict watcher {id} (instance dicts own their values: this CPython \
-                 does not report stores into shared inline values)"
+                 does not report stores into shared inline values; {} could not \
+                 and are never trusted)",
+                t.distrusted
             ),
             id => format!("dict watcher {id}"),
         }
