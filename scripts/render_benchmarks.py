@@ -2,6 +2,10 @@
 
 Usage: python scripts/render_benchmarks.py RESULT.json [MORE.json ...] > section.md
 Each JSON file becomes one section with its machine, versions, date and table.
+
+       python scripts/render_benchmarks.py --compare A.json B.json [C.json ...]
+One table of every case's speedup in each file side by side (columns named by their
+Python version), with the last file's speedup as a share of the one before it.
 """
 
 from __future__ import annotations
@@ -69,10 +73,39 @@ def render(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(paths: list[str]) -> str:
+    """Speedups of several result files side by side, case by case."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    names = [f"Python {r['meta']['python']}, torch {r['meta']['torch']}" for r in runs]
+    speedups = [{res["case"]: res["speedup"] for res in r["results"]} for r in runs]
+    cases = [res["case"] for res in runs[-1]["results"]]
+    cases += [c for s in speedups for c in s if c not in cases]
+    last, before = names[-1].split(",")[0], names[-2].split(",")[0]
+    lines = [
+        "| case | " + " | ".join(names) + f" | {last} / {before} |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    for case in dict.fromkeys(cases):
+        cells = [f"{s[case]:.2f}x" if case in s else "" for s in speedups]
+        a, b = speedups[-1].get(case), speedups[-2].get(case)
+        share = f"{a / b * 100:.0f}%" if a and b else ""
+        lines.append(f"| {case} | " + " | ".join(cells) + f" | {share} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    if argv[0] == "--compare":
+        if len(argv) < 3:
+            print(__doc__, file=sys.stderr)
+            return 2
+        print(compare(argv[1:]))
+        return 0
     print("\n".join(render(p) for p in argv))
     return 0
 
