@@ -308,7 +308,12 @@ try:
     initialised = True
 except RuntimeError:
     initialised = False
-methods = set(fastmodule.Module.__dict__) & set(vars(nn.Module))
+class _Empty:
+    pass
+
+
+# What every class statement defines (3.13 adds __firstlineno__, __static_attributes__).
+methods = set(fastmodule.Module.__dict__) & set(vars(nn.Module)) - set(vars(_Empty))
 print(json.dumps({
     "warned": warned,
     "stock": stock,
