@@ -782,7 +782,18 @@ def test_lookup_raising_in_instance_dict_raises_as_torch(walk: str) -> None:
         stock = _raising_lookup(nn.Module, name, walk)
         if CPYTHON_EQ_BUG in repr(stock):
             continue
-        assert _raising_lookup(fastmodule.Module, name, walk) == stock, name
+        fast = _raising_lookup(fastmodule.Module, name, walk)
+        if EQ_CALLS_ARE_STOCK_BEHAVIOUR:
+            assert fast == stock, name
+            continue
+        # From 3.12 on, whether a read of torch's code meets the key at all depends on
+        # how CPython specialised that read in earlier runs (a cached index skips the
+        # probe): an armed walk may raise Boom or not on stock alike. Unarmed walks
+        # agree exactly; an armed one agrees or raises Boom, as the generic read does.
+        boom = ("raised", "Boom", "from __eq__")
+        assert fast[0] == stock[0] and fast[3] == stock[3], name
+        for f, s in zip(fast[1:3], stock[1:3], strict=True):
+            assert f == s or f == boom, name
 
 
 def _load_dicts(base: type[nn.Module], case: str) -> Any:
