@@ -29,7 +29,9 @@ TORCH ?= $(TORCH_LATEST)
 ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-PYTEST_ARGS = tests -q -p no:cacheprovider \
+# TESTS: what pytest runs (default the whole suite; `make test-matrix TESTS=tests/test_x.py`).
+TESTS ?= tests
+PYTEST_ARGS = $(TESTS) -q -p no:cacheprovider \
 	-p randomly --randomly-seed=$(SEED) --hypothesis-seed=$(SEED)
 
 # What `setup` installs beside torch; each matrix cell installs the same.
@@ -66,7 +68,7 @@ test-repros: build-prod
 # One cell of the matrix in its own venv (.venv-pyPY-torchTORCH, gitignored; torch
 # TORCH.* from PyPI, installed once): release build, the suite in SEED's order, the repros.
 test-cell:
-	@REPROS=$(REPROS) bash scripts/test_cell.sh $(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
+	@REPROS=$(REPROS) TESTS="$(TESTS)" bash scripts/test_cell.sh $(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
 
 # All six cells, one seed for all, whatever fails; a table of counts and seconds at the end.
 test-matrix:

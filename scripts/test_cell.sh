@@ -5,7 +5,7 @@
 # with that venv's python.
 # Usage: scripts/test_cell.sh PY TORCH SEED INTERPRETER [PIP_SPEC...]
 #   INTERPRETER: a CPython PY executable; PIP_SPEC: the test tools to install beside torch.
-# Env: REPROS=PATH/run.sh (default ../shared/reference/repros/run.sh);
+# Env: TESTS="PATH..." (what pytest runs; default tests); REPROS=PATH/run.sh (default ../shared/reference/repros/run.sh);
 # CELL_RESULT=FILE appends "cell suite_passed suite_failed repros_passed repros_failed
 # seconds" to FILE (test_matrix.sh reads it). Exits non-zero when anything failed.
 set -uo pipefail
@@ -41,7 +41,8 @@ set +e
 
 echo "cell $cell seed: $seed (replay: make test-cell PY=$py TORCH=$torch SEED=$seed)"
 log=$venv/last-suite.log
-(cd "$root" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider \
+# shellcheck disable=SC2086 # TESTS: paths, split at spaces
+(cd "$root" && "$venv/bin/python" -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
   -p randomly --randomly-seed="$seed" --hypothesis-seed="$seed") 2>&1 | tee "$log"
 suite_rc=${PIPESTATUS[0]}
 summary=$(tail -n 1 "$log")
