@@ -13,25 +13,37 @@ PY311 ?= $(call find_py,3.11)
 PY312 ?= $(call find_py,3.12)
 PY313 ?= $(call find_py,3.13)
 
-.PHONY: setup build-dev build-prod test test-debug test-memcheck bench bench-instructions lint \
-	check-py314 wheels check-wheels clean
+# The tested matrix: each CPython the package declares × the oldest torch it declares
+# and the latest on PyPI (bump TORCH_LATEST when a newer one ships).
+MATRIX_PYS := 3.11 3.12 3.13
+TORCH_OLDEST := 2.11
+TORCH_LATEST := 2.15
+# One cell: `make test-cell PY=3.12 TORCH=2.11`.
+PY ?= 3.11
+TORCH ?= $(TORCH_LATEST)
+
+.PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
+	bench bench-instructions lint check-py314 wheels check-wheels clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
 ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-PYTEST_ARGS = tests -q -p no:cacheprovider \
+# TESTS: what pytest runs (default the whole suite; `make test-matrix TESTS=tests/test_x.py`).
+TESTS ?= tests
+PYTEST_ARGS = $(TESTS) -q -p no:cacheprovider \
 	-p randomly --randomly-seed=$(SEED) --hypothesis-seed=$(SEED)
+
+# What `setup` installs beside torch; each matrix cell installs the same.
+TEST_TOOLS := "pytest>=8" "pytest-benchmark>=4" "pytest-randomly>=3.15" "hypothesis>=6" numpy \
+	"ruff>=0.5" expecttest transformers timm matplotlib
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	# maturin goes into the venv itself: `maturin develop` needs its own script.
 	$(VPY) -m pip install -q --ignore-installed "maturin>=1.5,<2"
-	$(VPY) -m pip install -q "torch>=2.11,<3" \
-		"pytest>=8" "pytest-benchmark>=4" "pytest-randomly>=3.15" "hypothesis>=6" numpy \
-		"ruff>=0.5" \
-		expecttest transformers timm matplotlib
+	$(VPY) -m pip install -q "torch>=2.11,<3" $(TEST_TOOLS)
 	touch $@
 
 setup: $(VENV)/.ready
@@ -45,6 +57,24 @@ build-prod: setup
 test: build-prod
 	@echo "test seed: $(SEED) (replay this order: make test SEED=$(SEED))"
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The shared reproducers of confirmed defects (../shared/reference/repros, beside the
+# repository; skipped where a checkout has no such folder), each on stock and on
+# fastmodule with .venv's python (REPROS=PATH/run.sh names another copy).
+REPROS ?= $(abspath ..)/shared/reference/repros/run.sh
+test-repros: build-prod
+	@if [ -f $(REPROS) ]; then PYTHON=$(abspath $(VPY)) bash $(REPROS); \
+	else echo "repros skipped: $(REPROS) not found (a checkout without ../shared)"; fi
+
+# One cell of the matrix in its own venv (.venv-pyPY-torchTORCH, gitignored; torch
+# TORCH.* from PyPI, installed once): release build, the suite in SEED's order, the repros.
+test-cell:
+	@REPROS=$(REPROS) TESTS="$(TESTS)" bash scripts/test_cell.sh $(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
+
+# All six cells, one seed for all, whatever fails; a table of counts and seconds at the end.
+test-matrix:
+	@echo "test-matrix seed: $(SEED) (replay one cell: make test-cell PY=.. TORCH=.. SEED=$(SEED))"
+	@bash scripts/test_matrix.sh "$(MATRIX_PYS)" "$(TORCH_OLDEST) $(TORCH_LATEST)" SEED=$(SEED)
 
 # The suite again under CPython's debug allocator (buffer over/underruns, use after
 # free of Python memory, API misuse without the GIL) and development mode; a warning
@@ -139,4 +169,4 @@ check-wheels: $(VENV)/.wheel-tools
 		TORCH_FROM="$(TORCH_FROM)" bash scripts/check_wheels.sh dist
 
 clean:
-	rm -rf target dist $(VENV) python/fastmodule/*.so
+	rm -rf target dist $(VENV) .venv-py* python/fastmodule/*.so
