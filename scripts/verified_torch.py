@@ -84,9 +84,10 @@ def main() -> int:
         return 0
     versions = sorted(set(verified_torch.VERSIONS) | {torch.__version__.split("+")[0]})
     text = HEADER.format(versions=", ".join(versions))
-    quoted = ", ".join(f'"{v}"' for v in versions)
+    # One per line with a trailing comma: the layout ruff format keeps.
+    quoted = "".join(f'    "{v}",\n' for v in versions)
     text += "#: torch versions whose code is recorded here.\n"
-    text += f"VERSIONS: tuple[str, ...] = ({quoted},)\n\n"
+    text += f"VERSIONS: tuple[str, ...] = (\n{quoted})\n\n"
     files_doc = "sha256 of whole torch source files, by path under site-packages."
     text += _literal("FILES", files_doc, _merged(verified_torch.FILES, files)) + "\n"
     functions_doc = ":func:`fastmodule.verification.fingerprint` of each function's source."

@@ -3,7 +3,10 @@
 :mod:`fastmodule.verification`). Verified: 2.11.0, 2.15.0."""
 
 #: torch versions whose code is recorded here.
-VERSIONS: tuple[str, ...] = ("2.11.0", "2.15.0",)
+VERSIONS: tuple[str, ...] = (
+    "2.11.0",
+    "2.15.0",
+)
 
 #: sha256 of whole torch source files, by path under site-packages.
 FILES: dict[str, frozenset[str]] = {
