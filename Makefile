@@ -18,9 +18,10 @@ PY313 ?= $(call find_py,3.13)
 MATRIX_PYS := 3.11 3.12 3.13
 TORCH_OLDEST := 2.11
 TORCH_LATEST := 2.15
-# One cell: `make test-cell PY=3.12 TORCH=2.11`.
-PY ?= 3.11
-TORCH ?= $(TORCH_LATEST)
+# One cell: `make test-cell PY=3.12 TORCH=2.11` (set on the command line, not from the
+# environment, as TESTS and REPROS below).
+PY := 3.11
+TORCH := $(TORCH_LATEST)
 
 .PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
 	bench bench-instructions lint check-py314 wheels check-wheels clean
@@ -31,7 +32,7 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 # TESTS: what pytest runs (default the whole suite; `make test-matrix TESTS=tests/test_x.py`).
-TESTS ?= tests
+TESTS := tests
 PYTEST_ARGS = $(TESTS) -q -p no:cacheprovider \
 	-p randomly --randomly-seed=$(SEED) --hypothesis-seed=$(SEED)
 
@@ -61,7 +62,7 @@ test: build-prod
 # The shared reproducers of confirmed defects (../shared/reference/repros, beside the
 # repository; skipped where a checkout has no such folder), each on stock and on
 # fastmodule with .venv's python (REPROS=PATH/run.sh names another copy).
-REPROS ?= $(abspath ..)/shared/reference/repros/run.sh
+REPROS := $(abspath ..)/shared/reference/repros/run.sh
 test-repros: build-prod
 	@if [ -f $(REPROS) ]; then PYTHON=$(abspath $(VPY)) bash $(REPROS); \
 	else echo "repros skipped: $(REPROS) not found (a checkout without ../shared)"; fi
@@ -69,7 +70,8 @@ test-repros: build-prod
 # One cell of the matrix in its own venv (.venv-pyPY-torchTORCH, gitignored; torch
 # TORCH.* from PyPI, installed once): release build, the suite in SEED's order, the repros.
 test-cell:
-	@REPROS=$(REPROS) TESTS="$(TESTS)" bash scripts/test_cell.sh $(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
+	@REPROS=$(REPROS) TESTS="$(TESTS)" bash scripts/test_cell.sh \
+		$(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
 
 # All six cells, one seed for all, whatever fails; a table of counts and seconds at the end.
 test-matrix:

@@ -5,9 +5,10 @@
 # with that venv's python.
 # Usage: scripts/test_cell.sh PY TORCH SEED INTERPRETER [PIP_SPEC...]
 #   INTERPRETER: a CPython PY executable; PIP_SPEC: the test tools to install beside torch.
-# Env: TESTS="PATH..." (what pytest runs; default tests); REPROS=PATH/run.sh (default ../shared/reference/repros/run.sh);
-# CELL_RESULT=FILE appends "cell suite_passed suite_failed repros_passed repros_failed
-# seconds" to FILE (test_matrix.sh reads it). Exits non-zero when anything failed.
+# Env: TESTS="PATH..." (what pytest runs; default tests); REPROS=PATH/run.sh (default
+# ../shared/reference/repros/run.sh); CELL_RESULT=FILE appends "cell suite_passed
+# suite_failed repros_passed repros_failed seconds" to FILE (test_matrix.sh reads it).
+# Exits non-zero when anything failed; the last line gives each phase's seconds.
 set -uo pipefail
 py=$1 torch=$2 seed=$3 interpreter=$4
 shift 4
@@ -15,12 +16,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cell=py$py-torch$torch
 venv=$root/.venv-$cell
 start=$SECONDS
+phases=()
+phase_start=$SECONDS
+# Appends "NAME SECONDS" (since the previous phase ended) to the phase times.
+phase_done() { phases+=("$1 $((SECONDS - phase_start))"); phase_start=$SECONDS; }
 
 [ -n "$interpreter" ] || { echo "cell $cell: no CPython $py (python$py on PATH or pyenv's)" >&2; exit 2; }
 set -e
 # Everything below runs as if the cell's venv were activated (subprocesses included).
 export VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH
-# Made once; pip's cache serves the second cell of each torch its CUDA libraries.
+# Made once; where pip caches, the second cell of each torch gets its CUDA libraries
+# from the cache.
 if [ ! -f "$venv/.ready" ] || [ "$root/pyproject.toml" -nt "$venv/.ready" ]; then
   echo "== cell $cell: venv with torch==$torch.* ($interpreter)"
   "$interpreter" -m venv "$venv"
@@ -30,13 +36,16 @@ if [ ! -f "$venv/.ready" ] || [ "$root/pyproject.toml" -nt "$venv/.ready" ]; the
   # versions that fit this torch instead of replacing it.
   "$venv/bin/python" -m pip install -q "torch==$torch.*" "$@"
   touch "$venv/.ready"
+  phase_done venv
 fi
 # One Cargo target folder per Python version (pyo3 builds for one interpreter): the
 # two torch cells of a version share its build.
 echo "== cell $cell: release build"
-# (pip's "already satisfied" lines for torch's dependencies left out.)
+# (pip's lines about torch's dependencies, all already there, left out.)
 (cd "$root" && CARGO_TARGET_DIR=$root/target/cell-py$py \
-  "$venv/bin/maturin" develop --release -q) 2>&1 | { grep -v '^Requirement already satisfied' || true; }
+  "$venv/bin/maturin" develop --release -q) 2>&1 |
+  { grep -vE '^(Requirement already satisfied|Ignoring |Looking in links)' || true; }
+phase_done build
 set +e
 
 echo "cell $cell seed: $seed (replay: make test-cell PY=$py TORCH=$torch SEED=$seed)"
@@ -51,6 +60,7 @@ passed=$(count passed)
 failed=$(($(count failed) + $(count 'errors?')))
 # A run that ended without pytest's summary (killed, crashed, nothing collected) fails.
 [ "$suite_rc" = 0 ] || [ "$failed" != 0 ] || failed=1
+phase_done suite
 
 repros=${REPROS:-$(cd "$root/.." && pwd)/shared/reference/repros/run.sh}
 if [ -f "$repros" ]; then
@@ -60,12 +70,16 @@ if [ -f "$repros" ]; then
   read -r rpassed rfailed < <(tail -n 1 "$rlog" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2/p')
   rpassed=${rpassed:-0} rfailed=${rfailed:-1}
   [ "$repros_rc" = 0 ] || [ "$rfailed" != 0 ] || rfailed=1
+  phase_done repros
 else
   echo "cell $cell: repros skipped ($repros not found: a checkout without ../shared)"
   rpassed=- rfailed=-
 fi
 
 secs=$((SECONDS - start))
-echo "cell $cell: suite $passed passed, $failed failed; repros $rpassed passed, $rfailed failed; ${secs} s"
+times=$(printf '%s, ' "${phases[@]}")
+times=${times%, }
+echo "cell $cell: suite $passed passed, $failed failed; repros $rpassed passed," \
+  "$rfailed failed; ${secs} s ($times)"
 [ -z "${CELL_RESULT:-}" ] || echo "$cell $passed $failed $rpassed $rfailed $secs" >>"$CELL_RESULT"
 [ "$failed" = 0 ] && { [ "$rfailed" = 0 ] || [ "$rfailed" = - ]; }
