@@ -87,21 +87,27 @@ LIBRARY_PATCHES = {
 PYTHON_CACHES = {"__slotnames__", "__warningregistry__"}
 
 
-def accelerated_leftovers() -> list[type]:
-    """Stock module classes (fastmodule's own excluded) accelerated in place or carrying
-    native slots right now."""
-    out, stack, seen = [], [torch.nn.Module], {torch.nn.Module}
+def stock_module_classes() -> Iterator[type]:
+    """Every subclass of ``torch.nn.Module`` alive now, fastmodule's own excluded."""
+    stack, seen = [torch.nn.Module], {torch.nn.Module}
     while stack:
         cls = stack.pop()
-        if not issubclass(cls, fastmodule.Module) and (
-            _core.is_accelerated_class(cls) or _core.installed(cls)[:2] != (False, False)
-        ):
-            out.append(cls)
+        if not issubclass(cls, fastmodule.Module):
+            yield cls
         for sub in type.__subclasses__(cls):
             if sub not in seen:
                 seen.add(sub)
                 stack.append(sub)
-    return out
+
+
+def accelerated_leftovers() -> list[type]:
+    """Stock module classes (fastmodule's own excluded) accelerated in place or carrying
+    native slots right now."""
+    return [
+        cls
+        for cls in stock_module_classes()
+        if _core.is_accelerated_class(cls) or _core.installed(cls)[:2] != (False, False)
+    ]
 
 
 def global_hook_dicts() -> dict[str, dict[Any, Any]]:

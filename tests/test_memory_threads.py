@@ -31,6 +31,7 @@ from torch import nn
 import fastmodule
 from fastmodule import _core
 from tests.conftest import BASES, outcome
+from tests.isolation import stock_module_classes
 
 STOCK = torch.nn.Module
 FAST = fastmodule.Module
@@ -40,16 +41,7 @@ THREADS = 8
 
 def left_accelerated() -> list[type]:
     """Stock module classes (fastmodule's excluded) accelerated in place right now."""
-    out, stack, seen = [], [nn.Module], {nn.Module}
-    while stack:
-        cls = stack.pop()
-        if not issubclass(cls, FAST) and _core.is_accelerated_class(cls):
-            out.append(cls)
-        for sub in type.__subclasses__(cls):
-            if sub not in seen:
-                seen.add(sub)
-                stack.append(sub)
-    return out
+    return [cls for cls in stock_module_classes() if _core.is_accelerated_class(cls)]
 
 
 @pytest.fixture(autouse=True)
