@@ -29,6 +29,22 @@ pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
     d
 }
 
+/// Is `obj`'s instance `__dict__` (null: none) still `dict`, one remembered
+/// from [`instance_dict`]? That dict was readied when it was found, and
+/// stays so (an object's inline values, once given up, are never shared
+/// again), so it is not readied again: the whole-tree checks compare
+/// thousands of modules in a row and need not touch each dict.
+#[inline(always)]
+pub unsafe fn instance_dict_is(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) -> bool {
+    let p = _PyObject_GetDictPtr(obj);
+    let now = if p.is_null() {
+        std::ptr::null_mut()
+    } else {
+        *p
+    };
+    now == dict
+}
+
 /// `obj.<name>` for a name that is normally an instance attribute (`name`
 /// an exact `str`). Only a quiet instance dict (see `crate::cpython::quiet`)
 /// is read: its lookup runs no code, so a caller may use what it found and

@@ -67,7 +67,7 @@ pub unsafe fn holds(seen: &Seen, module: *mut ffi::PyObject) -> bool {
     let tp = ffi::Py_TYPE(module);
     tp == seen.tp
         && crate::cpython::validity::class_version(tp) == seen.tp_version
-        && instance_dict(module) == seen.dict
+        && crate::lookup::instance_dict_is(module, seen.dict)
         && dict_version(seen.dict) == seen.version
 }
 

@@ -106,8 +106,10 @@ mod dicts {
     /// deletion by backward shift): a lookup is a multiply, a shift and
     /// usually one compare, which the call path pays on every module call.
     struct Table {
-        keys: Vec<usize>,
-        values: Vec<u64>,
+        /// (dict address, version) pairs side by side: a lookup touches one
+        /// cache line, not two (the whole-tree checks look up thousands of
+        /// dicts in a row). Address 0 marks a free slot.
+        entries: Vec<(usize, u64)>,
         len: usize,
         /// The last number handed out (numbers start at 1: 0 is never a
         /// version).
@@ -131,8 +133,7 @@ mod dicts {
     // Python code while it holds a reference into the table.
     unsafe impl Sync for Shared {}
     static TABLE: Shared = Shared(UnsafeCell::new(Table {
-        keys: Vec::new(),
-        values: Vec::new(),
+        entries: Vec::new(),
         len: 0,
         counter: 0,
         watcher: -1,
@@ -157,13 +158,13 @@ mod dicts {
 
         #[inline(always)]
         fn find(&self, key: usize) -> Option<usize> {
-            if self.keys.is_empty() {
+            if self.entries.is_empty() {
                 return None;
             }
-            let mask = self.keys.len() - 1;
+            let mask = self.entries.len() - 1;
             let mut i = slot_of(key, mask);
             loop {
-                let k = self.keys[i];
+                let k = self.entries[i].0;
                 if k == key {
                     return Some(i);
                 }
@@ -175,29 +176,27 @@ mod dicts {
         }
 
         fn insert(&mut self, key: usize, value: u64) {
-            if (self.len + 1) * 2 > self.keys.len() {
+            if (self.len + 1) * 2 > self.entries.len() {
                 self.grow();
             }
-            let mask = self.keys.len() - 1;
+            let mask = self.entries.len() - 1;
             let mut i = slot_of(key, mask);
-            while self.keys[i] != 0 {
-                if self.keys[i] == key {
-                    self.values[i] = value;
+            while self.entries[i].0 != 0 {
+                if self.entries[i].0 == key {
+                    self.entries[i].1 = value;
                     return;
                 }
                 i = (i + 1) & mask;
             }
-            self.keys[i] = key;
-            self.values[i] = value;
+            self.entries[i] = (key, value);
             self.len += 1;
         }
 
         fn grow(&mut self) {
-            let size = (self.keys.len() * 2).max(1024);
-            let keys = std::mem::replace(&mut self.keys, vec![0; size]);
-            let values = std::mem::replace(&mut self.values, vec![0; size]);
+            let size = (self.entries.len() * 2).max(1024);
+            let old = std::mem::replace(&mut self.entries, vec![(0, 0); size]);
             self.len = 0;
-            for (k, v) in keys.into_iter().zip(values) {
+            for (k, v) in old {
                 if k != 0 {
                     self.insert(k, v);
                 }
@@ -208,14 +207,14 @@ mod dicts {
             let Some(mut hole) = self.find(key) else {
                 return;
             };
-            let mask = self.keys.len() - 1;
+            let mask = self.entries.len() - 1;
             self.len -= 1;
             // Backward shift: move later members of the run into the hole
             // when their home slot does not lie between the hole and them.
             let mut i = hole;
             loop {
                 i = (i + 1) & mask;
-                let k = self.keys[i];
+                let k = self.entries[i].0;
                 if k == 0 {
                     break;
                 }
@@ -226,13 +225,11 @@ mod dicts {
                     hole < home || home <= i
                 };
                 if !stays {
-                    self.keys[hole] = k;
-                    self.values[hole] = self.values[i];
+                    self.entries[hole] = self.entries[i];
                     hole = i;
                 }
             }
-            self.keys[hole] = 0;
-            self.values[hole] = 0;
+            self.entries[hole] = (0, 0);
         }
     }
 
@@ -247,9 +244,9 @@ mod dicts {
         if event == EVENT_DEALLOCATED {
             t.remove(dict as usize);
         } else if let Some(i) = t.find(dict as usize) {
-            if t.values[i] != UNTRUSTED {
+            if t.entries[i].1 != UNTRUSTED {
                 let v = t.next();
-                t.values[i] = v;
+                t.entries[i].1 = v;
             }
         }
         0
@@ -261,7 +258,7 @@ mod dicts {
     pub unsafe fn version(dict: *mut ffi::PyObject) -> u64 {
         let t = &mut *TABLE.0.get();
         if let Some(i) = t.find(dict as usize) {
-            let v = t.values[i];
+            let v = t.entries[i].1;
             if t.watcher >= 0 && v != UNTRUSTED {
                 return v;
             }
