@@ -5,7 +5,10 @@ Each JSON file becomes one section with its machine, versions, date and table.
 
        python scripts/render_benchmarks.py --compare A.json B.json [C.json ...]
 One table of every case's speedup in each file side by side (columns named by their
-Python version), with the last file's speedup as a share of the one before it.
+Python version), with the last file's speedup as a share of the one before it, and
+that share as it would be if fastmodule took the lower bound's time in both (stock /
+lower bound in each): where that is low too, the gap is stock's own change between
+the two runs, which no fastmodule change can close.
 """
 
 from __future__ import annotations
@@ -81,18 +84,25 @@ def compare(paths: list[str]) -> str:
             runs.append(json.load(f))
     names = [f"Python {r['meta']['python']}, torch {r['meta']['torch']}" for r in runs]
     speedups = [{res["case"]: res["speedup"] for res in r["results"]} for r in runs]
+    # stock / lower bound: the speedup a fastmodule as fast as the lower bound would have.
+    limits = [
+        {res["case"]: res["stock"]["median"] / res["lower"]["median"] for res in r["results"]}
+        for r in runs[-2:]
+    ]
     cases = [res["case"] for res in runs[-1]["results"]]
     cases += [c for s in speedups for c in s if c not in cases]
     last, before = names[-1].split(",")[0], names[-2].split(",")[0]
     lines = [
-        "| case | " + " | ".join(names) + f" | {last} / {before} |",
-        "|---|" + "---|" * (len(names) + 1),
+        "| case | " + " | ".join(names) + f" | {last} / {before} | the same at the lower bound |",
+        "|---|" + "---|" * (len(names) + 2),
     ]
     for case in dict.fromkeys(cases):
         cells = [f"{s[case]:.2f}x" if case in s else "" for s in speedups]
         a, b = speedups[-1].get(case), speedups[-2].get(case)
         share = f"{a / b * 100:.0f}%" if a and b else ""
-        lines.append(f"| {case} | " + " | ".join(cells) + f" | {share} |")
+        la, lb = limits[-1].get(case), limits[-2].get(case)
+        bound = f"{la / lb * 100:.0f}%" if la and lb else ""
+        lines.append(f"| {case} | " + " | ".join(cells) + f" | {share} | {bound} |")
     return "\n".join(lines) + "\n"
 
 
