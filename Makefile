@@ -74,9 +74,12 @@ test-cell:
 		$(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
 
 # All six cells, one seed for all, whatever fails; a table of counts and seconds at the end.
+# LANES=3: one lane per Python version at once (each cell single-threaded; logs in
+# target/matrix/, shown at the end).
+LANES := 1
 test-matrix:
 	@echo "test-matrix seed: $(SEED) (replay one cell: make test-cell PY=.. TORCH=.. SEED=$(SEED))"
-	@bash scripts/test_matrix.sh "$(MATRIX_PYS)" "$(TORCH_OLDEST) $(TORCH_LATEST)" SEED=$(SEED)
+	@LANES=$(LANES) bash scripts/test_matrix.sh "$(MATRIX_PYS)" "$(TORCH_OLDEST) $(TORCH_LATEST)" SEED=$(SEED)
 
 # The suite again under CPython's debug allocator (buffer over/underruns, use after
 # free of Python memory, API misuse without the GIL) and development mode; a warning
