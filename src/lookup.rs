@@ -18,15 +18,22 @@ pub enum Plain {
 /// caches (`crate::cpython::validity::own_values`).
 #[inline(always)]
 pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
-    let p = _PyObject_GetDictPtr(obj);
-    if p.is_null() {
-        return std::ptr::null_mut();
-    }
-    let d = *p;
+    let d = dict_as_is(obj);
     if !d.is_null() {
         crate::cpython::validity::own_values(obj, d);
     }
     d
+}
+
+/// Borrowed instance `__dict__`, or null, not readied.
+#[inline(always)]
+unsafe fn dict_as_is(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    let p = _PyObject_GetDictPtr(obj);
+    if p.is_null() {
+        std::ptr::null_mut()
+    } else {
+        *p
+    }
 }
 
 /// Is `obj`'s instance `__dict__` (null: none) still `dict`, one remembered
@@ -36,13 +43,7 @@ pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
 /// thousands of modules in a row and need not touch each dict.
 #[inline(always)]
 pub unsafe fn instance_dict_is(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) -> bool {
-    let p = _PyObject_GetDictPtr(obj);
-    let now = if p.is_null() {
-        std::ptr::null_mut()
-    } else {
-        *p
-    };
-    now == dict
+    dict_as_is(obj) == dict
 }
 
 /// `obj.<name>` for a name that is normally an instance attribute (`name`
