@@ -52,8 +52,13 @@ setup: $(VENV)/.ready
 build-dev: setup
 	$(VENV)/bin/maturin develop
 
+# The release build's output (cargo's and maturin's, and pip's lines about what is
+# already installed) goes to target/build.log; shown only when the build fails.
 build-prod: setup
-	$(VENV)/bin/maturin develop --release
+	@mkdir -p target
+	@echo "building the release extension (log: target/build.log)"
+	@PIP_QUIET=1 $(VENV)/bin/maturin develop --release -q >target/build.log 2>&1 || \
+		{ cat target/build.log; echo "release build failed (log above: target/build.log)"; exit 1; }
 
 test: build-prod
 	@echo "test seed: $(SEED) (replay this order: make test SEED=$(SEED))"
@@ -99,7 +104,7 @@ test-memcheck: build-prod
 	bash tests/memcheck/run.sh $(VPY)
 
 bench: build-prod
-	$(VPY) -m fastmodule bench
+	@$(VPY) -m fastmodule bench
 
 # Instruction counts (callgrind; needs valgrind and a C compiler): steady where
 # wall-clock times on a shared machine are not.

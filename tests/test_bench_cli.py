@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ import torch
 from fastmodule.bench import KINDS, case_names
 
 
-def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+# Timeouts only catch a hang: a loaded machine (the matrix's lanes side by side) takes
+# several times an idle one's 2-3 minutes for the quick run.
+def _bench(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fastmodule", "bench", *args],
         capture_output=True,
@@ -55,6 +58,26 @@ def test_quick_json_has_every_case(tmp_path: Path) -> None:
     # The table went to stdout, one row per case.
     for name in case_names():
         assert any(line.startswith(name + " ") for line in proc.stdout.splitlines()), name
+    # stderr holds the progress bar and nothing else (no library warnings or log lines).
+    others = [
+        line
+        for line in re.split(r"[\r\n]+", proc.stderr)
+        if line.strip() and not PROGRESS_LINE.match(line)
+    ]
+    assert others == []
+
+
+#: One state of the progress bar on stderr.
+PROGRESS_LINE = re.compile(r"^\[[#.]+\] ")
+
+
+def test_help_is_plain_text() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastmodule", "--help"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "bench" in proc.stdout
+    assert "``" not in proc.stdout
 
 
 def test_only_runs_the_named_case(tmp_path: Path) -> None:
@@ -66,7 +89,7 @@ def test_only_runs_the_named_case(tmp_path: Path) -> None:
 
 
 def test_unknown_case_is_an_error() -> None:
-    proc = _bench("--only", "nosuchcase", timeout=60)
+    proc = _bench("--only", "nosuchcase", timeout=600)
     assert proc.returncode != 0
     assert "nosuchcase" in proc.stderr
 
@@ -74,7 +97,7 @@ def test_unknown_case_is_an_error() -> None:
 def test_cuda_unavailable_is_an_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    proc = _bench("--quick", "--device", "cuda", timeout=60)
+    proc = _bench("--quick", "--device", "cuda", timeout=600)
     assert proc.returncode != 0
     assert "cuda" in proc.stderr.lower()
 

@@ -11,10 +11,16 @@ import sys
 #: ``doctor``'s exit status when some native path is off (torch's code runs for it).
 DOCTOR_PATH_OFF = 3
 
+#: What ``--help`` says first (plain text: argparse prints it as is).
+DESCRIPTION = (
+    "fastmodule: torch.nn.Module with its hot paths in native code and exactly stock "
+    "semantics. Each command's own --help says more."
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastmodule`` argument parser (subcommands ``bench``, ``run``, ``doctor``)."""
-    parser = argparse.ArgumentParser(prog="fastmodule", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fastmodule", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser(
         "bench",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,7 +91,16 @@ def _gpt2(device: torch.device) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    # Its special tokens inside this small vocabulary (the defaults, 50256, are not).
+    config = GPT2Config(
+        n_layer=12,
+        n_embd=64,
+        n_head=4,
+        vocab_size=1000,
+        n_positions=128,
+        bos_token_id=999,
+        eos_token_id=999,
+    )
     return GPT2LMHeadModel(config).eval().to(device)
 
 
@@ -115,15 +125,21 @@ def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
     return variants
 
 
+def _cache_argument(model: nn.Module) -> str:
+    """The name under which the installed transformers takes and returns the KV cache
+    (``cache`` in recent releases, ``past_key_values`` before)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def decode(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:
     """Greedy token-by-token decoding with the KV cache: ``steps`` model calls."""
+    name = _cache_argument(model)
     out = model(ids, use_cache=True)
-    past = out.past_key_values
     token = out.logits[:, -1:].argmax(-1)
     tokens = [token]
     for _ in range(steps - 1):
-        out = model(token, past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = model(token, use_cache=True, **{name: getattr(out, name)})
         token = out.logits[:, -1:].argmax(-1)
         tokens.append(token)
     return torch.cat(tokens, dim=1)
