@@ -201,8 +201,9 @@ _KINDS = (
         "FM016",
         "info",
         "class that fastmodule leaves to torch's own code for some paths",
-        "those paths run torch's Python code for its instances, accelerated or not "
-        "(behaviour is stock either way: only speed differs)",
+        "fastmodule's native paths need torch's own __call__/__getattr__/__setattr__ and "
+        "nothing but object after torch.nn.Module in the MRO; here these paths run Python "
+        "code, accelerated or not (same behaviour, only slower)",
         "nothing, unless that speed matters",
     ),
     Kind(

@@ -155,32 +155,22 @@ def native_limits(cls: type) -> list[str]:
         return f"{_qualname(klass)}.{name}" if klass is not None else name
 
     if _resolved(cls, "__call__") is not vars(module)["__call__"]:
-        out.append(f"calls run {owner('__call__')}, not the native module call")
+        out.append(f"module calls run {owner('__call__')}")
     if _resolved(cls, "__getattribute__") is not vars(object)["__getattribute__"]:
-        out.append(f"every attribute read runs {owner('__getattribute__')}")
-    if _resolved(cls, "__getattr__") is not vars(module)["__getattr__"]:
-        out.append(
-            f"registered parameters, buffers and submodules are read through "
-            f"{owner('__getattr__')}, not natively"
-        )
-    custom = [
-        owner(name)
-        for name in ("__setattr__", "__delattr__")
-        if _resolved(cls, name) is not vars(module)[name]
-    ]
-    if custom:
-        out.append(
-            f"assignments run {' and '.join(custom)}: registration is native only "
-            "through torch's own __setattr__/__delattr__"
-        )
+        out.append(f"attribute reads run {owner('__getattribute__')}")
+    elif _resolved(cls, "__getattr__") is not vars(module)["__getattr__"]:
+        out.append(f"registered names are read through {owner('__getattr__')}")
+    for name, statement in (("__setattr__", "m.x = v"), ("__delattr__", "del m.x")):
+        if _resolved(cls, name) is not vars(module)[name]:
+            out.append(f"{statement} runs {owner(name)}")
     mro = cls.__mro__
     if module in mro:
         after = [k for k in mro[mro.index(module) + 1 :] if k is not object]
         if after:
             names = ", ".join(_qualname(k) for k in after)
             out.append(
-                f"{names} after torch.nn.Module in its MRO: registration and torch's "
-                "whole-tree methods (state_dict, parameters, train, ...) run torch's code"
+                "registration and torch's whole-tree methods (state_dict, parameters, "
+                f"train, ...) run torch's code ({names} after torch.nn.Module in its MRO)"
             )
     return out
 
@@ -377,16 +367,16 @@ def _container(walk: Walk, node: _Node, name: str, value: Any) -> None:
     params: dict[int, list[str]] = {}
     tensors: dict[int, list[str]] = {}
     computed: list[str] = []
-    aliases: list[str] = []
+    aliases: list[tuple[str, str]] = []
     for where, item in _contents(name, value):
         if isinstance(item, torch.nn.Module):
             if id(item) in walk.modules:
-                aliases.append(where)
+                aliases.append(("module", where))
             else:
                 modules.setdefault(id(item), []).append(where)
         elif isinstance(item, torch.nn.Parameter):
             if id(item) in walk.parameters:
-                aliases.append(where)
+                aliases.append(("parameter", where))
             else:
                 params.setdefault(id(item), []).append(where)
         elif item.grad_fn is not None:
@@ -437,9 +427,14 @@ def _container(walk: Walk, node: _Node, name: str, value: Any) -> None:
             "FM014",
             node,
             name,
-            f"{holder} refers to {len(aliases)} registered modules or parameters "
-            f"({_shown(aliases)})",
+            f"{holder} refers to {_aliases(aliases)} registered under other names "
+            f"({_shown([w for _, w in aliases])})",
         )
+
+
+def _aliases(found: list[tuple[str, str]]) -> str:
+    counts = {what: sum(w == what for w, _ in found) for what in ("module", "parameter")}
+    return " and ".join(_plural(n, what) for what, n in counts.items() if n)
 
 
 def _nesting(found: dict[int, list[str]], name: str) -> str:
