@@ -154,7 +154,9 @@ def native_limits(cls: type) -> list[str]:
         klass = _class_attribute(cls, name)
         return f"{_qualname(klass)}.{name}" if klass is not None else name
 
-    if _resolved(cls, "__call__") is not vars(module)["__call__"]:
+    # ParameterList/ParameterDict define __call__ only to refuse being called.
+    refuses = (vars(torch.nn.ParameterList)["__call__"], vars(torch.nn.ParameterDict)["__call__"])
+    if _resolved(cls, "__call__") not in (vars(module)["__call__"], *refuses):
         out.append(f"module calls run {owner('__call__')}")
     if _resolved(cls, "__getattribute__") is not vars(object)["__getattribute__"]:
         out.append(f"attribute reads run {owner('__getattribute__')}")
