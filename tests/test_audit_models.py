@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 
+import fastmodule
 from fastmodule.audit import AuditReport
 from tests.audit_support import audit_both
 
@@ -133,3 +134,55 @@ def test_several_constructor_variants_are_audited() -> None:
         pytest.skip(MODULE_DB_ERROR)
     linear = next(info for info in module_db if info.name == "nn.Linear")
     assert len(list(itertools.islice(constructors(linear), 2))) == 2
+
+
+def test_torch_mechanisms_that_keep_plain_tensors_on_purpose() -> None:
+    from torch.nn.utils import parametrize, spectral_norm, weight_norm
+
+    class Symmetric(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.triu() + x.triu(1).T
+
+    def make() -> torch.nn.Module:
+        m = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
+        parametrize.register_parametrization(m[0], "weight", Symmetric())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # weight_norm is deprecated
+            weight_norm(m[1])
+        spectral_norm(m[2])
+        return m
+
+    # weight_norm and spectral_norm recompute a plain `weight` attribute before each
+    # forward, from registered parameters: not state, not reported (with or without
+    # a graph behind it).
+    x = torch.randn(2, 4)
+    m = make()
+    m(x)
+    assert audit_both(m).findings == ()
+    with torch.no_grad():
+        m(x)
+    assert audit_both(m).findings == ()
+
+
+def test_fx_and_torchscript() -> None:
+    class WithConstant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) + torch.ones(4)
+
+    traced = torch.fx.symbolic_trace(WithConstant())
+    report = audit_both(traced)
+    no_errors_or_warnings(report)
+    assert report.buffers == 1  # the constant, as a buffer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script is deprecated
+        scripted = torch.jit.script(WithConstant())
+    # Its registries are C++ wrappers, not dicts: the audit says it cannot look inside.
+    report = fastmodule.audit(scripted)
+    no_errors_or_warnings(report)
+    registries = [f for f in report.findings if f.code == "FM017"]
+    assert [f.attribute for f in registries] == ["_parameters", "_buffers", "_modules"]
+    assert all("not audited inside" in f.message for f in registries)

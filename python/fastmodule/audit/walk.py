@@ -248,7 +248,10 @@ def _registries(walk: Walk, node: _Node) -> None:
     for name in _REGISTRIES:
         reg = node.d.get(name)
         if reg is not None and type(reg) is not dict:
-            walk.add("FM017", node, name, f"{name} is a {type(reg).__name__}, not a plain dict")
+            blind = "" if isinstance(reg, dict) else " (nor a dict subclass: not audited inside)"
+            walk.add(
+                "FM017", node, name, f"{name} is a {type(reg).__name__}, not a plain dict{blind}"
+            )
 
 
 def _shadows(walk: Walk, node: _Node) -> None:
@@ -301,6 +304,21 @@ def _plain_attributes(walk: Walk, node: _Node) -> None:
             _container(walk, node, name, value)
 
 
+def _recomputed(node: _Node, name: str) -> bool:
+    """Is the plain tensor attribute ``name`` what torch's weight_norm or
+    spectral_norm recompute before each forward (from registered parameters)?"""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    hooks = node.d.get("_forward_pre_hooks")
+    if not isinstance(hooks, dict):
+        return False
+    return any(
+        isinstance(h, WeightNorm | SpectralNorm) and vars(h).get("name") == name
+        for h in dict.values(hooks)
+    )
+
+
 def _single(walk: Walk, node: _Node, name: str, value: Any) -> None:
     if isinstance(value, torch.nn.Module):
         other = walk.modules.get(id(value))
@@ -319,7 +337,9 @@ def _single(walk: Walk, node: _Node, name: str, value: Any) -> None:
                 name,
                 f"{type(value).__name__} module kept as a plain attribute '{name}'",
             )
-    elif isinstance(value, torch.nn.Parameter):
+    elif _recomputed(node, name):
+        return
+    elif isinstance(value, torch.nn.Parameter) or id(value) in walk.parameters:
         names = walk.parameters.get(id(value))
         if names is not None:
             walk.add(
@@ -376,7 +396,7 @@ def _container(walk: Walk, node: _Node, name: str, value: Any) -> None:
                 aliases.append(("module", where))
             else:
                 modules.setdefault(id(item), []).append(where)
-        elif isinstance(item, torch.nn.Parameter):
+        elif isinstance(item, torch.nn.Parameter) or id(item) in walk.parameters:
             if id(item) in walk.parameters:
                 aliases.append(("parameter", where))
             else:
