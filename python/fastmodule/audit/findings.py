@@ -101,7 +101,7 @@ _KINDS = (
         "FM003",
         "warning",
         "tensors in a plain list/tuple/dict/set attribute",
-        "not moved by .to(), not saved in state_dict()",
+        "not moved (.to()), not saved (state_dict())",
         "register each with self.register_buffer(name, tensor) (persistent=False if it "
         "should not be saved)",
     ),
@@ -117,7 +117,7 @@ _KINDS = (
         "FM005",
         "warning",
         "tensor kept as a plain attribute (neither parameter nor buffer)",
-        "not moved by .to(), not saved in state_dict()",
+        "not moved (.to()), not saved (state_dict())",
         "self.register_buffer(name, tensor) (persistent=False if it should not be saved)",
     ),
     Kind(
