@@ -18,7 +18,7 @@ import torch
 
 from fastmodule.audit.findings import KINDS, Finding
 
-__all__ = ["Walk", "walk"]
+__all__ = ["Walk", "elements", "instance_dict", "native_limits", "walk"]
 
 _REGISTRIES = ("_parameters", "_buffers", "_modules")
 # The instance-dict entries torch itself keeps on every module; none holds a
@@ -43,6 +43,8 @@ _TORCH_KEYS = frozenset(
     )
 )
 _CONTAINERS = (list, tuple, dict, set, frozenset)
+# Values that are never a module, a tensor or a container (skipped fast).
+_ATOMS = frozenset((int, float, str, bool, bytes, type(None)))
 # Nested containers deeper than this are not looked into.
 _MAX_DEPTH = 32
 # How many places a message names before "...".
@@ -87,16 +89,22 @@ def _key(k: object) -> str:
     return f"<{type(k).__name__}>"
 
 
-def _children(c: Any) -> list[tuple[str, Any]]:
-    """``(suffix, item)`` of a container, read through its base type's methods."""
+def _children(c: Any) -> Iterator[tuple[object, Any]]:
+    """``(key, item)`` of a container (the key None for a set), read through its
+    base type's own methods so no code of a subclass runs."""
     if isinstance(c, dict):
-        return [(f"[{_key(k)}]", v) for k, v in dict.items(c)]
-    if isinstance(c, list):
-        return [(f"[{i}]", v) for i, v in enumerate(list.__iter__(c))]
-    if isinstance(c, tuple):
-        return [(f"[{i}]", v) for i, v in enumerate(tuple.__iter__(c))]
+        return dict.items(c).__iter__()
+    if isinstance(c, list | tuple):
+        base = list if isinstance(c, list) else tuple
+        return enumerate(base.__iter__(c))
     items = set.__iter__(c) if isinstance(c, set) else frozenset.__iter__(c)
-    return [("{}", v) for v in items]
+    return ((None, v) for v in items)
+
+
+def _suffix(c: Any, key: object) -> str:
+    if isinstance(c, dict):
+        return f"[{_key(key)}]"
+    return "{}" if isinstance(c, set | frozenset) else f"[{key}]"
 
 
 def _contents(name: str, value: Any) -> Iterator[tuple[str, Any]]:
@@ -110,11 +118,13 @@ def _contents(name: str, value: Any) -> Iterator[tuple[str, Any]]:
             continue
         seen.add(id(c))
         found = []
-        for suffix, item in _children(c):
+        for key, item in _children(c):
+            if type(item) in _ATOMS:
+                continue
             if isinstance(item, torch.nn.Module | torch.Tensor):
-                yield where + suffix, item
+                yield where + _suffix(c, key), item
             elif isinstance(item, _CONTAINERS):
-                found.append((where + suffix, item, depth + 1))
+                found.append((where + _suffix(c, key), item, depth + 1))
         stack.extend(reversed(found))
 
 
