@@ -15,6 +15,9 @@ accelerates every module class in the process.
 
 ``fastmodule.diagnostics()`` (or ``python -m fastmodule doctor``) lists which
 native paths are on for this interpreter and torch, and why any is off.
+
+``fastmodule.audit(model)`` (or ``python -m fastmodule audit pkg.module:factory``)
+reports modules, parameters and tensors a model silently does not register.
 """
 
 import warnings as _warnings
@@ -28,6 +31,7 @@ from fastmodule.acceleration import (
     restore,
     uninstall,
 )
+from fastmodule.audit import audit
 from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
 from fastmodule.verification import UnverifiedWarning
@@ -39,6 +43,7 @@ __all__ = [
     "__version__",
     "accelerate",
     "accelerated",
+    "audit",
     "diagnostics",
     "install",
     "installed",

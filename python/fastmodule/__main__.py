@@ -1,6 +1,7 @@
 """Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``,
-``python -m fastmodule run script.py [args ...]`` and
-``python -m fastmodule doctor [--json]``."""
+``python -m fastmodule run script.py [args ...]``,
+``python -m fastmodule doctor [--json]`` and
+``python -m fastmodule audit pkg.module:factory [--json]``."""
 
 from __future__ import annotations
 
@@ -8,18 +9,21 @@ import argparse
 import dataclasses
 import sys
 
+#: The top-level --help text (plain: argparse prints it as is).
+DESCRIPTION = (
+    "fastmodule: torch.nn.Module with its hot paths in Rust. Commands: bench (time it "
+    "against stock torch), run (a script with every module class accelerated), doctor "
+    "(which native paths are on), audit (what a model silently does not register)."
+)
 #: ``doctor``'s exit status when some native path is off (torch's code runs for it).
 DOCTOR_PATH_OFF = 3
-
-#: What ``--help`` says first (plain text: argparse prints it as is).
-DESCRIPTION = (
-    "fastmodule: torch.nn.Module with its hot paths in native code and exactly stock "
-    "semantics. Each command's own --help says more."
-)
+#: ``audit``'s exit status when it found something at the ``--fail-on`` severity or worse.
+AUDIT_FOUND = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fastmodule`` argument parser (subcommands ``bench``, ``run``, ``doctor``)."""
+    """The ``fastmodule`` argument parser (subcommands ``bench``, ``run``, ``doctor``,
+    ``audit``)."""
     parser = argparse.ArgumentParser(prog="fastmodule", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser(
@@ -68,6 +72,37 @@ def build_parser() -> argparse.ArgumentParser:
         f"every path is on, {DOCTOR_PATH_OFF} when some path is off.",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    audit = sub.add_parser(
+        "audit",
+        help="find modules, parameters and tensors a model does not register",
+        description="Build a model with FACTORY and report what torch silently ignores: "
+        "modules, parameters and tensors kept in plain lists, dicts or attributes (not "
+        "trained, saved or moved), attributes that shadow registered ones, mixed devices "
+        "or dtypes, and more; one finding per line with its code, severity and fix. The "
+        "model is only read, never run. Exit status: 0 when nothing at the --fail-on "
+        f"severity or worse was found, {AUDIT_FOUND} when something was, 2 when FACTORY "
+        "cannot give a model.",
+    )
+    audit.add_argument(
+        "factory",
+        metavar="FACTORY",
+        help="pkg.module:factory or path/to/file.py:factory, a callable taking no "
+        "arguments that returns a model or a (model, example_inputs) tuple",
+    )
+    audit.add_argument("--json", action="store_true", help="print JSON (schema 1) instead of text")
+    audit.add_argument(
+        "--fail-on",
+        choices=("error", "warning", "info"),
+        default="error",
+        help="exit with status 1 when a finding of this severity or worse is found "
+        "(default: error)",
+    )
+    audit.add_argument(
+        "--show",
+        choices=("error", "warning", "info"),
+        default="info",
+        help="text output: show findings of this severity or worse (default: info)",
+    )
     return parser
 
 
@@ -167,6 +202,21 @@ def run_doctor(args: argparse.Namespace) -> int:
     return DOCTOR_PATH_OFF if any(r.on is False for r in rows) else 0
 
 
+def run_audit(args: argparse.Namespace) -> int:
+    """Run the ``audit`` subcommand: 0 if nothing at ``--fail-on`` or worse was
+    found, :data:`AUDIT_FOUND` if something was, 2 if the factory gave no model."""
+    from fastmodule.audit import audit
+    from fastmodule.cli.factory import FactoryError, load_factory
+
+    try:
+        loaded = load_factory(args.factory)
+    except FactoryError as e:
+        return _error(str(e))
+    report = audit(loaded.model)
+    print(report.to_json() if args.json else report.format(args.show))
+    return AUDIT_FOUND if report.at_least(args.fail_on) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fastmodule`` and the ``fastmodule`` console script."""
     args = build_parser().parse_args(argv)
@@ -176,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_script(args)
     if args.command == "doctor":
         return run_doctor(args)
+    if args.command == "audit":
+        return run_audit(args)
     return 2  # unreachable: argparse requires a known subcommand
 
 

@@ -1,0 +1,1 @@
+"""Helpers shared by the ``python -m fastmodule`` subcommands."""
