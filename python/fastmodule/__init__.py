@@ -18,6 +18,9 @@ native paths are on for this interpreter and torch, and why any is off.
 
 ``fastmodule.audit(model)`` (or ``python -m fastmodule audit pkg.module:factory``)
 reports modules, parameters and tensors a model silently does not register.
+
+``fastmodule.check(model, *example_args)`` (or ``python -m fastmodule check
+pkg.module:factory``) compares the model stock and accelerated, exactly, and times both.
 """
 
 import warnings as _warnings
@@ -31,9 +34,10 @@ from fastmodule.acceleration import (
     restore,
     uninstall,
 )
-from fastmodule.audit import audit
 from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
+from fastmodule.tools.audit import audit
+from fastmodule.tools.check import check
 from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "accelerate",
     "accelerated",
     "audit",
+    "check",
     "diagnostics",
     "install",
     "installed",

@@ -1,7 +1,8 @@
 """Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``,
 ``python -m fastmodule run script.py [args ...]``,
-``python -m fastmodule doctor [--json]`` and
-``python -m fastmodule audit pkg.module:factory [--json]``."""
+``python -m fastmodule doctor [--json]``,
+``python -m fastmodule audit pkg.module:factory [--json]`` and
+``python -m fastmodule check pkg.module:factory [--input 1x3x224x224] [--train] [--json]``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 DESCRIPTION = (
     "fastmodule: torch.nn.Module with its hot paths in Rust. Commands: bench (time it "
     "against stock torch), run (a script with every module class accelerated), doctor "
-    "(which native paths are on), audit (what a model silently does not register)."
+    "(which native paths are on), audit (what a model silently does not register), "
+    "check (a model stock against accelerated: exact parity and speed)."
 )
 #: ``doctor``'s exit status when some native path is off (torch's code runs for it).
 DOCTOR_PATH_OFF = 3
@@ -103,7 +105,49 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="text output: show findings of this severity or worse (default: info)",
     )
+    _add_check(sub)
     return parser
+
+
+def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = sub.add_parser(
+        "check",
+        help="run a model stock and accelerated: exact parity, then the speedup",
+        description="Build a model with FACTORY, run it stock twice and accelerated once "
+        "from the same state and compare outputs (with --train also grads), parameters and "
+        "buffers after the run and state_dict exactly; then time stock, accelerated and "
+        "torch.compile, interleaved. Exit status: 0 identical, 1 different, 2 when FACTORY "
+        "or the inputs cannot be used, 3 when two stock runs already differ "
+        "(nondeterministic model: nothing compared).",
+    )
+    check.add_argument(
+        "factory",
+        metavar="FACTORY",
+        help="pkg.module:factory or path/to/file.py:factory, a callable taking no "
+        "arguments that returns a model or a (model, example_inputs) tuple (inputs: a "
+        "tensor, a tuple of positional arguments or a dict of keyword arguments)",
+    )
+    check.add_argument(
+        "--input",
+        action="append",
+        metavar="SHAPE[:DTYPE]",
+        help="a random positional input instead of the factory's, e.g. 1x3x224x224 or "
+        "1x8:int64 (floats from randn, integers from 0-15); repeat for more arguments",
+    )
+    check.add_argument("--dtype", help="convert the model and its floating inputs, e.g. bfloat16")
+    check.add_argument("--device", default="cpu", help="run on this device (default: cpu)")
+    check.add_argument(
+        "--train", action="store_true", help="a forward and backward step in training mode"
+    )
+    check.add_argument("--repeats", type=int, default=15, help="timing rounds (default: 15)")
+    check.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time torch.compile of a copy, its compile time apart (default: on)",
+    )
+    check.add_argument("--no-timing", action="store_true", help="parity only")
+    check.add_argument("--json", action="store_true", help="print JSON (schema 1) instead of text")
 
 
 def _error(message: str) -> int:
@@ -205,8 +249,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     """Run the ``audit`` subcommand: 0 if nothing at ``--fail-on`` or worse was
     found, :data:`AUDIT_FOUND` if something was, 2 if the factory gave no model."""
-    from fastmodule.audit import audit
     from fastmodule.cli.factory import FactoryError, load_factory
+    from fastmodule.tools.audit import audit
 
     try:
         loaded = load_factory(args.factory)
@@ -215,6 +259,31 @@ def run_audit(args: argparse.Namespace) -> int:
     report = audit(loaded.model)
     print(report.to_json() if args.json else report.format(args.show))
     return AUDIT_FOUND if report.at_least(args.fail_on) else 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run the ``check`` subcommand; the exit status is the report's (0 identical,
+    1 different, 3 nondeterministic), 2 when the factory or the inputs are unusable."""
+    from fastmodule.cli.factory import FactoryError, load_factory
+    from fastmodule.cli.inputs import InputError, prepare
+    from fastmodule.tools.check import check
+
+    try:
+        loaded = load_factory(args.factory)
+        model, inputs = prepare(loaded, args.input, args.dtype, args.device)
+    except (FactoryError, InputError) as e:
+        return _error(str(e))
+    report = check(
+        model,
+        *inputs.args,
+        train=args.train,
+        timing=not args.no_timing,
+        compile=args.compile,
+        repeats=args.repeats,
+        **inputs.kwargs,
+    )
+    print(report.dumps() if args.json else report.format())
+    return report.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_doctor(args)
     if args.command == "audit":
         return run_audit(args)
+    if args.command == "check":
+        return run_check(args)
     return 2  # unreachable: argparse requires a known subcommand
 
 

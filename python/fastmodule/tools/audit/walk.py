@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastmodule.audit.findings import KINDS, Finding
+from fastmodule.tools.audit.findings import KINDS, Finding
 
 __all__ = ["Walk", "elements", "instance_dict", "native_limits", "walk"]
 

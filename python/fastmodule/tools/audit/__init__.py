@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from fastmodule.audit.findings import KINDS, SEVERITIES, Finding, Kind, Severity
-from fastmodule.audit.report import SCHEMA, AuditReport
-from fastmodule.audit.walk import elements, walk
+from fastmodule.tools.audit.findings import KINDS, SEVERITIES, Finding, Kind, Severity
+from fastmodule.tools.audit.report import SCHEMA, AuditReport
+from fastmodule.tools.audit.walk import elements, walk
 
 __all__ = ["KINDS", "SCHEMA", "SEVERITIES", "AuditReport", "Finding", "Kind", "Severity", "audit"]
 

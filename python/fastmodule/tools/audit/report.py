@@ -8,7 +8,7 @@ JSON schema, version 1 (``AuditReport.to_dict()``, ``python -m fastmodule audit
       "model": "Net",                  # __qualname__ of the model's class
       "findings": [
         {
-          "code": "FM001",             # stable, see fastmodule.audit.KINDS
+          "code": "FM001",             # stable, see fastmodule.tools.audit.KINDS
           "severity": "error",         # "error" | "warning" | "info"
           "path": "",                  # dotted module path, "" for the model itself
           "attribute": "layers",       # attribute of that module, "" for none
@@ -32,7 +32,7 @@ import dataclasses
 import json
 from typing import Any
 
-from fastmodule.audit.findings import SEVERITIES, Finding, Severity
+from fastmodule.tools.audit.findings import SEVERITIES, Finding, Severity
 
 __all__ = ["SCHEMA", "AuditReport"]
 

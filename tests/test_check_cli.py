@@ -1,0 +1,126 @@
+"""``python -m fastmodule check FACTORY``: exit statuses 0/1/2/3, --input shapes, JSON
+(schema 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fastmodule.__main__ import main
+from fastmodule.cli.inputs import InputError, parse_input
+from fastmodule.tools.check.report import SCHEMA
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+FAST = ("--no-timing",)
+
+
+def test_identical_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:small", *FAST)
+    assert status == 0
+    assert out.splitlines()[1].startswith("parity       identical")
+
+
+def test_different_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:differs", *FAST)
+    assert status == 1
+    assert "DIFFERENT from stock" in out and "output: 8 of 8 values differ" in out
+
+
+def test_nondeterministic_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:nondeterministic", *FAST)
+    assert status == 3
+    assert "NOT CHECKED" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tests.check_models:nosuch"], "nosuch"),
+        (["tests.check_models:without_inputs"], "--input SHAPE"),
+        (["tests.check_models:small", "--input", "4xeight"], "SHAPE[:DTYPE]"),
+        (["tests.check_models:small", "--dtype", "float77"], "unknown dtype"),
+        (["tests.check_models:small", "--device", "nosuchdevice"], "--device"),
+    ],
+)
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    status, out, err = run(capsys, *argv, *FAST)
+    assert status == 2 and out == ""
+    assert message in err
+
+
+def test_input_shapes_replace_the_factorys(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:without_inputs", "--input", "3x8", *FAST)
+    assert status == 0
+    assert "inputs 3x8 float32" in out.splitlines()[0]
+
+
+def test_parse_input() -> None:
+    g = torch.Generator().manual_seed(0)
+    ids = parse_input("2x5:int64", g)
+    assert ids.dtype == torch.int64 and ids.shape == (2, 5) and int(ids.max()) < 16
+    x = parse_input("1x3x4x4:bfloat16", g)
+    assert x.dtype == torch.bfloat16 and x.shape == (1, 3, 4, 4)
+    with pytest.raises(InputError):
+        parse_input("1x-2", g)
+
+
+def test_dtype_converts_model_and_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:small", "--dtype", "float64", *FAST)
+    assert status == 0
+    assert "4x8 float64" in out
+
+
+def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys, "tests.check_models:small", "--json", "--repeats", "2", "--no-compile"
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert data["schema"] == SCHEMA == 1
+    assert set(data) == {
+        "schema",
+        "model",
+        "inputs",
+        "mode",
+        "device",
+        "parity",
+        "timings",
+        "speedup",
+        "compiled_speedup",
+        "exit_status",
+    }
+    assert data["parity"]["identical"] is True and data["exit_status"] == 0
+    assert set(data["parity"]) == {
+        "identical",
+        "nondeterministic",
+        "differences",
+        "stock_differences",
+        "compared",
+    }
+    timings = data["timings"]
+    assert timings["repeats"] == 2 and timings["compiled"] is None
+    assert set(timings["stock"]) == {"median", "min", "max"}
+    assert data["speedup"] > 0 and data["compiled_speedup"] is None
+
+
+def test_subprocess_end_to_end() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastmodule", "check", "tests.check_models:differs", "--no-timing"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "DIFFERENT from stock" in proc.stdout
