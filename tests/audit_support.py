@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 import fastmodule
-from fastmodule.audit import AuditReport
 from fastmodule.module import NATIVE
+from fastmodule.tools.audit import AuditReport
 from tests.conftest import state
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from fastmodule.__main__ import AUDIT_FOUND, build_parser, main
-from fastmodule.audit import KINDS, SCHEMA, SEVERITIES
 from fastmodule.cli.factory import FactoryError, load_factory, parse_spec
+from fastmodule.tools.audit import KINDS, SCHEMA, SEVERITIES
 from tests.audit_example import FixedNet
 
 ROOT = Path(__file__).resolve().parent.parent

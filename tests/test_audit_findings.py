@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastmodule.audit import KINDS, Finding
+from fastmodule.tools.audit import KINDS, Finding
 from tests.audit_support import audit_both
 
 

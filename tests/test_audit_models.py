@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import fastmodule
-from fastmodule.audit import AuditReport
+from fastmodule.tools.audit import AuditReport
 from tests.audit_support import audit_both
 
 try:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import fastmodule
-from fastmodule.audit.walk import native_limits
+from fastmodule.tools.audit.walk import native_limits
 from tests.audit_support import audit_both
 
 READS: list[str] = []

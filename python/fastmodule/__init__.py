@@ -21,6 +21,9 @@ reports modules, parameters and tensors a model silently does not register.
 
 ``fastmodule.check(model, *example_args)`` (or ``python -m fastmodule check
 pkg.module:factory``) compares the model stock and accelerated, exactly, and times both.
+
+``with fastmodule.strict():`` (or ``python -m fastmodule run --strict script.py``) warns at
+each assignment of an unregistered module, parameter or tensor to a module attribute.
 """
 
 import warnings as _warnings
@@ -38,11 +41,19 @@ from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
 from fastmodule.tools.audit import audit
 from fastmodule.tools.check import check
+from fastmodule.tools.strict import (
+    StrictRegistrationError,
+    StrictRegistrationWarning,
+    strict,
+    strict_enabled,
+)
 from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
     "Module",
     "PathStatus",
+    "StrictRegistrationError",
+    "StrictRegistrationWarning",
     "UnverifiedWarning",
     "__version__",
     "accelerate",
@@ -55,6 +66,8 @@ __all__ = [
     "is_accelerated",
     "restore",
     "slots_of",
+    "strict",
+    "strict_enabled",
     "uninstall",
 ]
 __version__ = "0.1.0"

@@ -64,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a Python script with every torch.nn.Module class accelerated",
         description="Call fastmodule.install(), then run SCRIPT as __main__ with ARGS.",
     )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="warn at each assignment of an unregistered module, parameter or tensor to "
+        "a module attribute (fastmodule.strict())",
+    )
+    run.add_argument(
+        "--strict-error",
+        action="store_true",
+        help="like --strict, but raise StrictRegistrationError there",
+    )
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     doctor = sub.add_parser(
@@ -220,6 +231,8 @@ def run_script(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.script):
         return _error(f"no such script: {args.script}")
     fastmodule.install()
+    if args.strict or args.strict_error:
+        fastmodule.strict(error=args.strict_error)
     sys.argv = [args.script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")

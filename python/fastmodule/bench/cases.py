@@ -455,6 +455,22 @@ def _setattr_builder(
     return build
 
 
+def _build_setattr_strict_off(device: torch.device) -> dict[str, Variant]:
+    # Strict registration on and off again: torch's own __setattr__ is back in place.
+    with fastmodule.strict():
+        pass
+    return _setattr_builder("m.count = v", "obj.count = v", lambda: 1)(device)
+
+
+def _build_setattr_strict_on(device: torch.device) -> dict[str, Variant]:
+    v = 1
+    return _three(
+        Variant("m.count = v", {"m": StockIdentity(), "v": v}, fastmodule.strict),
+        Variant("m.count = v", {"m": FastIdentity(), "v": v}, fastmodule.strict),
+        Variant("obj.count = v", {"obj": Plain(), "v": v}),
+    )
+
+
 def mlp_lower(x: torch.Tensor, params: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """The MLP without modules: ``relu(linear(x, w, b))`` over pre-extracted weights."""
     for w, b in params:
@@ -556,6 +572,16 @@ CASES: tuple[Case, ...] = (
         "setattr_plain",
         "m.count = 1 (plain attribute)",
         _setattr_builder("m.count = v", "obj.count = v", lambda: 1),
+    ),
+    Case(
+        "setattr_strict_off",
+        "m.count = 1 after fastmodule.strict() was on and off (nothing of it left)",
+        _build_setattr_strict_off,
+    ),
+    Case(
+        "setattr_strict_on",
+        "m.count = 1 under fastmodule.strict() (each assignment checked)",
+        _build_setattr_strict_on,
     ),
     Case(
         "call_after_trace",

@@ -107,7 +107,7 @@ def _suffix(c: Any, key: object) -> str:
     return "{}" if isinstance(c, set | frozenset) else f"[{key}]"
 
 
-def _contents(name: str, value: Any) -> Iterator[tuple[str, Any]]:
+def contents(name: str, value: Any) -> Iterator[tuple[str, Any]]:
     """Every module and tensor inside a plain container, with where it is
     (``name[0]['k']``), each container entered once."""
     seen: set[int] = set()
@@ -400,7 +400,7 @@ def _container(walk: Walk, node: _Node, name: str, value: Any) -> None:
     tensors: dict[int, list[str]] = {}
     computed: list[str] = []
     aliases: list[tuple[str, str]] = []
-    for where, item in _contents(name, value):
+    for where, item in contents(name, value):
         if isinstance(item, torch.nn.Module):
             if id(item) in walk.modules:
                 aliases.append(("module", where))
