@@ -8,7 +8,7 @@ hooks, finalizers, colliding keys and dict-subclass calls, and a snapshot of the
 (registries, flags, tensors and grads, named_modules/parameters/buffers, state_dict with
 _metadata, a forward) must be the same in all three.
 
-Steps repeat walks, state_dict and train/eval, so the recorded plans of fastmodule (README
+Steps repeat walks, state_dict and train/eval, so the recorded plans of fastmodule (docs/design.md
 "Recorded walks") are replayed, and interleave mutations from hooks, finalizers, colliding
 keys' ``__eq__``, a second thread and half-consumed walks.
 

@@ -361,7 +361,7 @@ def _accelerated_tree_builder(
 
     Both columns time the very same tree; the fast column accelerates its classes
     (per class, so only for that column). On CPython 3.11 torch's whole-tree methods
-    called from Python are not routed (see README), so expect ~1x there.
+    called from Python are not routed (see docs/design.md), so expect ~1x there.
     """
 
     def build(device: torch.device) -> dict[str, Variant]:

@@ -169,12 +169,15 @@ def _problem(self: torch.nn.Module, name: str, value: Any) -> str | None:
     if not unregistered:
         return None  # aliases of what the tree registers
     kind = type(value).__name__
+    keyed = isinstance(value, dict)
     modules = [w for w, v in unregistered if isinstance(v, torch.nn.Module)]
     params = [w for w, v in unregistered if isinstance(v, torch.nn.Parameter)]
     if modules:
-        return _message(where, f"a plain {kind} with {_count(modules, 'module')}", "FM001")
+        fix = "use nn.ModuleDict" if keyed else "use nn.ModuleList"
+        return _message(where, f"a plain {kind} with {_count(modules, 'module')}", "FM001", fix)
     if params:
-        return _message(where, f"a plain {kind} with {_count(params, 'parameter')}", "FM002")
+        fix = "use nn.ParameterDict" if keyed else "use nn.ParameterList"
+        return _message(where, f"a plain {kind} with {_count(params, 'parameter')}", "FM002", fix)
     return _message(where, f"a plain {kind} with {_count(unregistered, 'tensor')}", "FM003")
 
 
@@ -182,6 +185,6 @@ def _count(items: list[Any], word: str) -> str:
     return f"{len(items)} {word}{'' if len(items) == 1 else 's'}"
 
 
-def _message(where: str, what: str, code: str) -> str:
+def _message(where: str, what: str, code: str, fix: str | None = None) -> str:
     kind = KINDS[code]
-    return f"{where} = {what}: {kind.why}; {kind.fix} ({code}, fastmodule.strict)"
+    return f"{where} = {what}: {kind.why}; {fix or kind.fix} ({code}, fastmodule.strict)"
