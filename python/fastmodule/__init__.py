@@ -26,7 +26,9 @@ pkg.module:factory``) compares the model stock and accelerated, exactly, and tim
 each assignment of an unregistered module, parameter or tensor to a module attribute.
 """
 
+import importlib as _importlib
 import warnings as _warnings
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from fastmodule.acceleration import (
     accelerate,
@@ -39,14 +41,6 @@ from fastmodule.acceleration import (
 )
 from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
-from fastmodule.tools.audit import audit
-from fastmodule.tools.check import check
-from fastmodule.tools.strict import (
-    StrictRegistrationError,
-    StrictRegistrationWarning,
-    strict,
-    strict_enabled,
-)
 from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
@@ -77,3 +71,33 @@ _unverified = unverified_message()
 if _unverified is not None:
     _warnings.warn(_unverified, UnverifiedWarning, stacklevel=2)
 del _unverified
+
+# The user tools are imported on first use (``import fastmodule`` stays what the
+# native paths need).
+_TOOLS = {
+    "audit": "fastmodule.tools.audit",
+    "check": "fastmodule.tools.check",
+    "strict": "fastmodule.tools.strict",
+    "strict_enabled": "fastmodule.tools.strict",
+    "StrictRegistrationError": "fastmodule.tools.strict",
+    "StrictRegistrationWarning": "fastmodule.tools.strict",
+}
+
+if _TYPE_CHECKING:
+    from fastmodule.tools.audit import audit
+    from fastmodule.tools.check import check
+    from fastmodule.tools.strict import (
+        StrictRegistrationError,
+        StrictRegistrationWarning,
+        strict,
+        strict_enabled,
+    )
+
+
+def __getattr__(name: str) -> object:
+    module = _TOOLS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastmodule' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value

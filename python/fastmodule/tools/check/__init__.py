@@ -16,7 +16,6 @@ import torch
 
 from fastmodule import _core
 from fastmodule.acceleration import NATIVE
-from fastmodule.bench.progress import Progress
 from fastmodule.module import Module
 from fastmodule.tools.check.parity import Parity, check_parity
 from fastmodule.tools.check.report import CheckReport
@@ -84,7 +83,12 @@ def check(
         _core.restore_class(cls)
     try:
         steps = 1 + ((repeats + (1 if compile else 0)) if timing else 0)
-        bar = Progress(steps) if progress else None
+        bar = None
+        if progress:
+            # (The bench package is imported only when a check runs.)
+            from fastmodule.bench.progress import Progress
+
+            bar = Progress(steps)
         if bar:
             bar.step("parity: stock, stock again, accelerated")
         parity = check_parity(model, inputs, train=train)

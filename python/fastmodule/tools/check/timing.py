@@ -8,12 +8,15 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from fastmodule.acceleration import accelerated
-from fastmodule.bench.progress import Progress
 from fastmodule.tools.check.runs import Inputs, Snapshot, restored_after, scalar_loss
+
+if TYPE_CHECKING:
+    from fastmodule.bench.progress import Progress
 
 __all__ = ["Timing", "Timings", "time_model"]
 
