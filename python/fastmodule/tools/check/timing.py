@@ -136,7 +136,10 @@ def time_model(
                 compiled_note = f"torch.compile failed: {type(error).__name__}: {error}"
         else:
             compiled_note = "not timed (--no-compile)"
-        # One call of each at first (warm-up), then a loop count for ~target_s.
+        # A warm-up call of each (caches, allocator, lazy init), then one timed call
+        # each for a loop count of about target_s.
+        for loop in loops.values():
+            loop(1)
         single = {kind: max(loop(1), 1e-9) for kind, loop in loops.items()}
         number = max(1, round(target_s / max(single.values())))
         samples: dict[str, list[float]] = {kind: [] for kind in loops}
