@@ -218,9 +218,11 @@ def main() -> int:
         print("\nfile import graph:")
         show(file_edges, files)
         for comp in cycles(file_edges, files):
-            print(f"file cycle (within a folder, allowed): {' <-> '.join(comp)}"
-                  if len({c.split('::')[0] for c in comp}) == 1
-                  else f"file cycle across folders: {' <-> '.join(comp)}")
+            print(
+                f"file cycle (within a folder, allowed): {' <-> '.join(comp)}"
+                if len({c.split("::")[0] for c in comp}) == 1
+                else f"file cycle across folders: {' <-> '.join(comp)}"
+            )
     if found:
         for comp in found:
             print(f"\nCYCLE between folders: {' <-> '.join(comp)}")
