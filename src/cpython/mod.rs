@@ -18,10 +18,12 @@
 //! - [`validity`]: is what a cache remembered about a dict or a class still
 //!   true? (dict and class versions; dict watchers from 3.12 on.)
 pub mod owned;
+pub mod private_api;
 pub mod quiet;
 pub mod stack;
 pub mod str_keys;
 pub mod tracer;
+pub mod type_cache;
 pub mod validity;
 
 pub use owned::Owned;

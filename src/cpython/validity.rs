@@ -315,7 +315,7 @@ mod dicts {
     unsafe fn set_dict_to_itself(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
         let t = &mut *TABLE.0.get();
         let name = t.dunder_dict;
-        let descr = crate::ffi_ext::_PyType_Lookup(ffi::Py_TYPE(obj), name);
+        let descr = crate::cpython::private_api::_PyType_Lookup(ffi::Py_TYPE(obj), name);
         let getset = std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type);
         let ok = !descr.is_null()
             && ffi::Py_TYPE(descr) == getset

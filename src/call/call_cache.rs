@@ -1,0 +1,187 @@
+//! A small cache of what a module call found in an instance `__dict__` and
+//! its class, so repeated calls skip ~12 dictionary/MRO lookups.
+//!
+//! An entry is valid only while both are unchanged: the instance dict's
+//! version (it changes on every insertion, deletion or rebinding) and the
+//! class's version (reset by any attribute change on the class or a base),
+//! both as `crate::cpython::validity` defines them. Values that can change
+//! without touching either — the contents of the hook dicts, tracing state,
+//! the global hooks — are still read on every call. Pointers are borrowed: the
+//! unchanged dict/class keep them alive.
+use pyo3::ffi;
+use std::cell::UnsafeCell;
+
+/// What an instance-keyed entry (here and in `crate::instance::walk_facts`) describes: one
+/// instance dict at one version tag, seen through one class at one
+/// `tp_version_tag`. Tags are never reused, so a key that still matches means
+/// neither has changed since the entry was made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub dict: *mut ffi::PyObject,
+    pub version: u64,
+    pub tp: *mut ffi::PyTypeObject,
+    pub tp_version: u32,
+}
+
+impl Key {
+    pub const EMPTY: Key = Key {
+        dict: std::ptr::null_mut(),
+        version: 0,
+        tp: std::ptr::null_mut(),
+        tp_version: 0,
+    };
+
+    /// The key of `dict` and `tp` now; None while the class has no version
+    /// tag, or the dict is not quiet (nothing about them can be remembered
+    /// then). A key that still matches therefore also means the dict is
+    /// still quiet: its lookups by exact `str` run no code.
+    #[inline(always)]
+    pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
+        let tp_version = crate::cpython::validity::class_version(tp);
+        if tp_version == 0 || !crate::cpython::quiet::dict(dict) {
+            return None;
+        }
+        Some(Key {
+            dict,
+            version: dict_version(dict),
+            tp,
+            tp_version,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Entry {
+    key: Key,
+    /// The 4 per-module hook dicts, in `_call_impl`'s order.
+    pub hooks: [*mut ffi::PyObject; 4],
+    /// The class's Python function `forward`.
+    pub forward: *mut ffi::PyObject,
+    /// What a native torch layer (`crate::call::layers`) read from the instance,
+    /// valid with the entry (and `reg`'s version where `reg` is set).
+    pub leaf: Leaf,
+}
+
+/// Borrowed objects a native layer read from the instance: `Linear`'s
+/// `weight`/`bias` (from the `_parameters` dict `reg`, checked at version
+/// `reg_version` too), `ReLU`'s `inplace`, `Sequential`'s `_modules` dict.
+/// Every pointer is kept alive by the unchanged instance dict (or `reg`).
+#[derive(Clone, Copy)]
+pub struct Leaf {
+    pub kind: LeafKind,
+    pub reg: *mut ffi::PyObject,
+    pub reg_version: u64,
+    pub a: *mut ffi::PyObject,
+    pub b: *mut ffi::PyObject,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LeafKind {
+    None,
+    Linear,
+    Relu,
+    Sequential,
+}
+
+pub const NO_LEAF: Leaf = Leaf {
+    kind: LeafKind::None,
+    reg: std::ptr::null_mut(),
+    reg_version: 0,
+    a: std::ptr::null_mut(),
+    b: std::ptr::null_mut(),
+};
+
+impl Leaf {
+    /// The cached reads for `kind`, if still valid.
+    #[inline(always)]
+    pub unsafe fn get(&self, kind: LeafKind) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+        if self.kind != kind {
+            return None;
+        }
+        if !self.reg.is_null() && dict_version(self.reg) != self.reg_version {
+            return None;
+        }
+        Some((self.a, self.b))
+    }
+}
+
+/// Sets of two entries (the most recently stored first): a model of a few
+/// hundred modules fits without slots evicting each other on every call.
+const SETS: usize = 1024;
+const EMPTY: Entry = Entry {
+    key: Key::EMPTY,
+    hooks: [std::ptr::null_mut(); 4],
+    forward: std::ptr::null_mut(),
+    leaf: NO_LEAF,
+};
+
+struct Table(UnsafeCell<[[Entry; 2]; SETS]>);
+// SAFETY: read and written only with the GIL held.
+unsafe impl Sync for Table {}
+static TABLE: Table = Table(UnsafeCell::new([[EMPTY; 2]; SETS]));
+
+#[inline(always)]
+fn index(dict: *mut ffi::PyObject) -> usize {
+    let a = dict as usize;
+    ((a >> 4) ^ (a >> 14)) & (SETS - 1)
+}
+
+pub use crate::cpython::validity::dict_version;
+
+/// The entry for this instance dict and class, if still valid. A raw
+/// pointer: a nested module call may overwrite the slot, so callers copy what
+/// they need before calling out.
+#[inline(always)]
+pub unsafe fn lookup(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<*mut Entry> {
+    if dict.is_null() {
+        return None;
+    }
+    let set = &mut (*TABLE.0.get())[index(dict)];
+    let key = Key::now(tp, dict)?;
+    set.iter_mut()
+        .find(|e| e.key == key)
+        .map(|e| e as *mut Entry)
+}
+
+/// Remember a fully checked fast call (instance forward absent, class forward
+/// a Python function, `_compiled_call_impl` None, hook dicts plain).
+#[inline(always)]
+pub unsafe fn store(
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    hooks: [*mut ffi::PyObject; 4],
+    forward: *mut ffi::PyObject,
+) -> *mut Entry {
+    if !crate::cpython::validity::caches_on() || ffi::PyDict_CheckExact(dict) == 0 {
+        return std::ptr::null_mut();
+    }
+    let Some(key) = Key::now(tp, dict) else {
+        return std::ptr::null_mut();
+    };
+    let set = &mut (*TABLE.0.get())[index(dict)];
+    // Most recent first; an older entry for the same dict is dropped.
+    if set[0].key.dict != dict {
+        set[1] = set[0];
+    }
+    let slot = &mut set[0];
+    *slot = Entry {
+        key,
+        hooks,
+        forward,
+        leaf: NO_LEAF,
+    };
+    slot as *mut Entry
+}
+
+/// Record a native layer's reads on `entry` (null: nothing to record), if the
+/// entry still describes `dict` at its current version.
+#[inline(always)]
+pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut ffi::PyObject, leaf: Leaf) {
+    if entry.is_null() {
+        return;
+    }
+    let e = &mut *entry;
+    if e.key.dict == dict && e.key.version == dict_version(dict) {
+        e.leaf = leaf;
+    }
+}

@@ -1,0 +1,285 @@
+//! Calling a module: the decision torch's `_wrapped_call_impl` and
+//! `_call_impl` make, without a Python frame.
+//!
+//! Fast path (no `module.compile()`, not jit-tracing, no PEP 523 evaluator,
+//! all 8 hook dicts empty): call `self.forward` directly, as `_call_impl`
+//! does. Anything else runs torch's own `_wrapped_call_impl`, so hooks,
+//! tracing and compilation behave as stock by construction.
+//!
+//! Two entry points share it: the `tp_call` slot of fastmodule classes, and
+//! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
+//! slot was reset by a patch of `nn.Module.__call__`, or when code calls
+//! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
+use crate::cpython::private_api::custom_eval_frame;
+use crate::cpython::type_cache::type_lookup;
+use crate::instance::attributes::{call_with_self, hook_dict_len, instance_dict, plain_attr, Plain};
+use crate::torch_api::originals::{globals, Globals};
+use crate::torch_api::jit_tracing::is_tracing;
+use pyo3::ffi;
+
+enum Decision {
+    Forward,
+    Stock,
+    Error,
+}
+
+#[inline(always)]
+unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
+    matches!(hook_dict_len(h, g.odict), Some(0))
+}
+
+/// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
+type Hooks = [*mut ffi::PyObject; 4];
+
+/// What depends only on the instance `__dict__` and the class (so the call
+/// cache may remember it): the class runs torch's `_call_impl` and
+/// `object.__getattribute__` (the attribute reads `_wrapped_call_impl` and
+/// `_call_impl` make), `_compiled_call_impl` is None, and where the hook
+/// registries are. Err carries the reason to hand over. Reads only a quiet
+/// instance dict (`plain_attr`), so no code runs meanwhile.
+#[inline(always)]
+unsafe fn resolve(
+    g: &Globals,
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+) -> Result<Hooks, Decision> {
+    if dict.is_null() {
+        return Err(Decision::Stock);
+    }
+    let n = &g.names;
+    if type_lookup(tp, n.call_impl) != g.orig.call_impl
+        || type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute
+    {
+        return Err(Decision::Stock);
+    }
+    match plain_attr(tp, dict, n.compiled_call_impl) {
+        Plain::Found(v) if v == ffi::Py_None() => {}
+        Plain::Error => return Err(Decision::Error),
+        _ => return Err(Decision::Stock),
+    }
+    let mut hooks: Hooks = [std::ptr::null_mut(); 4];
+    for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
+        match plain_attr(tp, dict, name) {
+            Plain::Found(h) => *slot = h,
+            Plain::Error => return Err(Decision::Error),
+            Plain::Unusual => return Err(Decision::Stock),
+        }
+    }
+    Ok(hooks)
+}
+
+/// The checks that read live state on every call: a PEP 523 evaluator, a
+/// trace or profile function (debuggers, profilers and coverage then see
+/// torch's frames), jit tracing, and whether all 8 hook registries are empty
+/// plain dicts.
+#[inline(always)]
+unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
+    if custom_eval_frame() || crate::cpython::tracer::active() {
+        return Decision::Stock;
+    }
+    match is_tracing(g) {
+        Ok(false) => {}
+        Ok(true) => return Decision::Stock,
+        Err(()) => return Decision::Error,
+    }
+    if !hooks.iter().all(|&h| empty_hooks(h, g)) {
+        return Decision::Stock;
+    }
+    match crate::torch_api::hooks::global_call_hooks_empty(g) {
+        Ok(true) => Decision::Forward,
+        Ok(false) => Decision::Stock,
+        Err(()) => Decision::Error,
+    }
+}
+
+/// The positional/keyword arguments of the module call, in either calling
+/// convention, so neither path copies them.
+#[derive(Clone, Copy)]
+enum Args {
+    /// `tp_call`: self separately, an args tuple and a kwargs dict (or null).
+    Tuple(*mut ffi::PyObject, *mut ffi::PyObject),
+    /// vectorcall of `_wrapped_call_impl`: `args[0]` is self.
+    Vector(*const *mut ffi::PyObject, usize, *mut ffi::PyObject),
+}
+
+impl Args {
+    /// `func(self, *args, **kwargs)`.
+    unsafe fn call_with_self(
+        self,
+        func: *mut ffi::PyObject,
+        slf: *mut ffi::PyObject,
+    ) -> *mut ffi::PyObject {
+        match self {
+            Args::Tuple(a, k) => call_with_self(func, slf, a, k),
+            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v, n, kw),
+        }
+    }
+    /// The only argument of a call with one positional argument and no
+    /// keywords.
+    #[inline(always)]
+    unsafe fn single(self) -> Option<*mut ffi::PyObject> {
+        match self {
+            Args::Tuple(a, k) => {
+                let no_kw = k.is_null() || ffi::PyDict_Size(k) == 0;
+                (no_kw && ffi::PyTuple_GET_SIZE(a) == 1).then(|| ffi::PyTuple_GET_ITEM(a, 0))
+            }
+            Args::Vector(v, n, kw) => {
+                let no_kw = kw.is_null() || ffi::PyTuple_GET_SIZE(kw) == 0;
+                (no_kw && n == 2).then(|| *v.add(1))
+            }
+        }
+    }
+
+    /// `func(*args, **kwargs)`.
+    unsafe fn call(self, func: *mut ffi::PyObject) -> *mut ffi::PyObject {
+        match self {
+            Args::Tuple(a, k) => ffi::PyObject_Call(func, a, k),
+            // No PY_VECTORCALL_ARGUMENTS_OFFSET: the array is our caller's.
+            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
+        }
+    }
+}
+
+/// `self.forward(*args, **kwargs)` with `self.forward` resolved as
+/// `object.__getattribute__` would, but without creating a bound method.
+unsafe fn call_forward(
+    g: &Globals,
+    slf: *mut ffi::PyObject,
+    tp: *mut ffi::PyTypeObject,
+    dict: *mut ffi::PyObject,
+    args: Args,
+    hooks: &Hooks,
+) -> *mut ffi::PyObject {
+    let name = g.names.forward;
+    // `resolve` found the instance dict quiet: the lookup below runs no code,
+    // so the borrowed class attribute `descr` stays valid across it.
+    let descr = type_lookup(tp, name);
+    let data_descr = !descr.is_null() && (*ffi::Py_TYPE(descr)).tp_descr_set.is_some();
+    if !data_descr {
+        let inst = ffi::PyDict_GetItemWithError(dict, name);
+        if !inst.is_null() {
+            ffi::Py_INCREF(inst);
+            let r = args.call(inst);
+            ffi::Py_DECREF(inst);
+            return r;
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return std::ptr::null_mut();
+        }
+        if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
+            let entry = crate::call::call_cache::store(tp, dict, *hooks, descr);
+            return call_function(descr, slf, args, entry);
+        }
+    }
+    let f = ffi::PyObject_GetAttr(slf, name);
+    if f.is_null() {
+        return f;
+    }
+    let r = args.call(f);
+    ffi::Py_DECREF(f);
+    r
+}
+
+/// `func(self, *args)` for a class-level Python function `forward`;
+/// `entry` (or null) is the call cache's entry for `slf`, just validated.
+#[inline(always)]
+unsafe fn call_function(
+    func: *mut ffi::PyObject,
+    slf: *mut ffi::PyObject,
+    args: Args,
+    entry: *mut crate::call::call_cache::Entry,
+) -> *mut ffi::PyObject {
+    // torch's own Sequential/Linear/ReLU forward, without its frame.
+    if let Some(input) = args.single() {
+        if let Some(r) = crate::call::layers::forward(func, slf, input, entry) {
+            return r;
+        }
+    }
+    // Keep the function alive even if the class attribute is replaced
+    // during the call.
+    ffi::Py_INCREF(func);
+    let r = args.call_with_self(func, slf);
+    ffi::Py_DECREF(func);
+    r
+}
+
+/// Shared by both entry points: None means "run torch's function".
+#[inline(always)]
+unsafe fn fast_call(
+    g: &Globals,
+    slf: *mut ffi::PyObject,
+    args: Args,
+) -> Option<*mut ffi::PyObject> {
+    let tp = ffi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    if let Some(e) = crate::call::call_cache::lookup(tp, dict) {
+        let (hooks, forward) = ((*e).hooks, (*e).forward);
+        return match live(g, &hooks) {
+            Decision::Forward => Some(call_function(forward, slf, args, e)),
+            Decision::Stock => None,
+            Decision::Error => Some(std::ptr::null_mut()),
+        };
+    }
+    let decision = match resolve(g, tp, dict) {
+        Ok(hooks) => match live(g, &hooks) {
+            Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
+            other => other,
+        },
+        Err(other) => other,
+    };
+    match decision {
+        Decision::Error => Some(std::ptr::null_mut()),
+        _ => None,
+    }
+}
+
+/// `child(input)` for a module whose `tp_call` is fastmodule's slot, without
+/// building an argument tuple (the slot's own decision, same fallback).
+#[inline(always)]
+pub unsafe fn call_one(child: *mut ffi::PyObject, input: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    let own = crate::call::slots::is_fn!(
+        (*ffi::Py_TYPE(child)).tp_call,
+        module_call as ffi::ternaryfunc
+    );
+    if own {
+        if let Some(g) = globals() {
+            let args = [child, input];
+            if let Some(r) = fast_call(
+                g,
+                child,
+                Args::Vector(args.as_ptr(), 2, std::ptr::null_mut()),
+            ) {
+                return r;
+            }
+        }
+    }
+    ffi::PyObject_CallOneArg(child, input)
+}
+
+/// The `tp_call` slot.
+pub unsafe extern "C" fn module_call(
+    slf: *mut ffi::PyObject,
+    args: *mut ffi::PyObject,
+    kwargs: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let Some(g) = globals() else {
+        return crate::torch_api::errors::not_initialised();
+    };
+    match fast_call(g, slf, Args::Tuple(args, kwargs)) {
+        Some(r) => r,
+        None => call_with_self(g.orig.call, slf, args, kwargs),
+    }
+}
+
+/// Native body of `nn.Module._wrapped_call_impl(self, *args, **kwargs)` for a
+/// fastmodule instance; None means "run torch's function".
+pub unsafe fn wrapped_call_impl(
+    g: &Globals,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let slf = *args;
+    crate::call::slots::rearm(g, ffi::Py_TYPE(slf));
+    fast_call(g, slf, Args::Vector(args, nargs, kwnames))
+}

@@ -1,0 +1,6 @@
+//! TODO
+pub mod accelerated;
+pub mod attributes;
+pub mod qualified_names;
+pub mod registries;
+pub mod walk_facts;

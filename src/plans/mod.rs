@@ -1,0 +1,4 @@
+//! TODO
+pub mod eager;
+pub mod module_walks;
+pub mod parts;

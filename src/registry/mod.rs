@@ -1,0 +1,3 @@
+//! TODO
+pub mod register;
+pub mod vectorcalls;

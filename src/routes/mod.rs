@@ -1,0 +1,2 @@
+//! TODO
+pub mod whole_tree;

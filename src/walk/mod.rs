@@ -1,0 +1,4 @@
+//! TODO
+pub mod paths;
+pub mod traversal;
+pub mod zero_grad;

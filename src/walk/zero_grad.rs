@@ -1,0 +1,121 @@
+//! `zero_grad`'s first pass: which of the parameters `self.parameters()`
+//! yields, in order, have no grad, read from the recorded parameters walk
+//! (`crate::plans::module_walks`) without starting the walk.
+//!
+//! Torch's `zero_grad` reads `p.grad` for every parameter and acts only on
+//! the grads that exist. Up to the first such grad its loop only reads, and
+//! reading an exact `Parameter`'s (or `Tensor`'s) `grad` through torch's C
+//! getter runs no Python code when no torch-function mode is active. So those
+//! reads can be made in one pass over the checked plan, with the cyclic GC
+//! paused (a finalizer is code): if every grad is None the call is done,
+//! exactly as torch's would be; otherwise the walk runs as usual and skips the
+//! leading parameters already read, while it is still replaying the same plan
+//! (nothing has run since the pass, so their grads are still None).
+use crate::instance::attributes::class_data_descr;
+use crate::plans::module_walks::{self, PlanKey};
+use crate::torch_api::originals::Globals;
+use crate::walk::traversal::{is_native, Method};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+/// What the pass found.
+pub enum NoGrads {
+    /// Every parameter's grad is None: `zero_grad` has nothing to do.
+    All,
+    /// The first `n` parameters' grads are None (0 when the pass could not
+    /// run, or the first parameter has one).
+    Leading(usize),
+}
+
+/// `p.grad` when torch's C getter is what reading it would call, as a new
+/// reference (None when it is not, or the getter failed: the walk reads it
+/// again and meets the same).
+unsafe fn plain_grad(
+    g: &Globals,
+    p: *mut ffi::PyObject,
+    grad: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    let tp = ffi::Py_TYPE(p);
+    if tp != g.parameter && tp != g.tensor {
+        return None;
+    }
+    let (descr, get) = class_data_descr(tp, grad)?;
+    if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type) {
+        return None;
+    }
+    let r = get(descr, p, tp as *mut ffi::PyObject);
+    if r.is_null() {
+        ffi::PyErr_Clear();
+        return None;
+    }
+    Some(r)
+}
+
+/// The pass for `root.zero_grad()`; `grad` is the interned "grad".
+pub fn scan(
+    py: Python<'_>,
+    g: &Globals,
+    root: &Bound<'_, PyAny>,
+    grad: &Bound<'_, PyString>,
+) -> NoGrads {
+    let native = [
+        Method::Parameters,
+        Method::NamedParameters,
+        Method::NamedMembers,
+        Method::NamedModules,
+    ]
+    .into_iter()
+    .all(|m| is_native(g, root, m));
+    if !native || !crate::plans::parts::enabled() {
+        return NoGrads::Leading(0);
+    }
+    // The walk `for_each_parameter` starts (its prefix is the empty str,
+    // a singleton).
+    let key = PlanKey {
+        root: root.as_ptr() as usize,
+        prefix: PyString::new(py, "").as_ptr() as usize,
+        registry: 1,
+        values: true,
+    };
+    let Some(plan) = module_walks::find(&key) else {
+        return NoGrads::Leading(0);
+    };
+    // A torch-function mode sees every `grad` read.
+    match crate::torch_api::runtime::get().and_then(|rt| rt.modes_active(py)) {
+        Ok(false) => {}
+        _ => return NoGrads::Leading(0),
+    }
+    let mut none = 0usize;
+    let mut stopped = false;
+    let gc = crate::plans::parts::GcPause::new();
+    // SAFETY: GIL held. The closure runs only torch's C getter (no Python
+    // code) and drops what it read.
+    let done = unsafe {
+        module_walks::scan_members(&plan, root.as_ptr(), |p| {
+            match plain_grad(g, p, grad.as_ptr()) {
+                Some(v) if v == ffi::Py_None() => {
+                    ffi::Py_DECREF(v);
+                    none += 1;
+                    true
+                }
+                Some(v) => {
+                    // A grad: torch's loop acts from here on. The reference
+                    // is a tensor's wrapper; dropping it runs no code with
+                    // the GC paused (a tensor's Python object is kept by
+                    // torch while it has state of its own).
+                    ffi::Py_DECREF(v);
+                    stopped = true;
+                    false
+                }
+                None => false,
+            }
+        })
+    };
+    drop(gc);
+    if done {
+        module_walks::note_replay();
+        return NoGrads::All;
+    }
+    NoGrads::Leading(if stopped { none } else { 0 })
+}
