@@ -58,7 +58,7 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
     registry::vectorcalls::install(py)?;
     call::slots::install_class(py, fast_module)?;
     instance::registries::init(py)?;
-    walk::traversal::init(py, fast_module.as_any())?;
+    instance::dispatch::init(py, fast_module.as_any())?;
     Ok(())
 }
 
@@ -74,10 +74,10 @@ fn walk_method<'py>(
     module: &Bound<'py, PyAny>,
     args: &Bound<'py, pyo3::types::PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let m = walk::traversal::method_named(method).ok_or_else(|| {
+    let m = routes::wrapped_methods::method_named(method).ok_or_else(|| {
         pyo3::exceptions::PyValueError::new_err(format!("not a wrapped method: {method}"))
     })?;
-    walk::traversal::call_root(py, m, module, args)
+    routes::wrapped_methods::call_root(py, m, module, args)
 }
 
 /// Forget every recorded walk (the next walk of each tree records anew).
@@ -272,30 +272,8 @@ fn cache_validity() -> String {
 /// state (which also moves on `move_to_end`). None for non-dicts.
 #[pyfunction]
 fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
-    dict_version_of(py, d)
-}
-
-pub(crate) fn dict_version_of(
-    py: Python<'_>,
-    d: &Bound<'_, PyAny>,
-) -> PyResult<Option<(u64, u64)>> {
-    if !d.is_instance_of::<pyo3::types::PyDict>() {
-        return Ok(None);
-    }
-    let tag = unsafe { cpython::validity::dict_version(d.as_ptr()) };
-    let is_odict = torch_api::originals::require(py)
-        .map(|g| unsafe { pyo3::ffi::Py_TYPE(d.as_ptr()) } == g.odict)
-        .unwrap_or(false);
-    let od_state = if is_odict {
-        match odict_state_offset(py)? {
-            Some(off) => unsafe { *((d.as_ptr() as *const u8).add(off) as *const u64) },
-            // Layout not recognised: report "always changed".
-            None => u64::MAX - tag,
-        }
-    } else {
-        0
-    };
-    Ok(Some((tag, od_state)))
+    let odict = torch_api::originals::require(py).map(|g| g.odict).ok();
+    cpython::dicts::dict_version_of(py, d, odict)
 }
 
 /// Capture torch's runtime state accessors (see `fastmodule.runtime`).
@@ -308,37 +286,6 @@ fn init_runtime(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
 #[pyfunction]
 fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     state::state_dict::init(config)
-}
-
-/// Offset of `od_state` in CPython's `PyODictObject` (after the dict and five
-/// pointer-sized fields), verified once on a live OrderedDict.
-fn odict_state_offset(py: Python<'_>) -> PyResult<Option<usize>> {
-    static OFFSET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    if let Some(o) = OFFSET.get() {
-        return Ok(*o);
-    }
-    let off = std::mem::size_of::<pyo3::ffi::PyDictObject>() + 5 * std::mem::size_of::<usize>();
-    let od = py.import("collections")?.getattr("OrderedDict")?.call0()?;
-    let read =
-        |o: &Bound<'_, PyAny>| unsafe { *((o.as_ptr() as *const u8).add(off) as *const u64) };
-    let ok = (|| -> PyResult<bool> {
-        let basic =
-            unsafe { (*(od.get_type().as_ptr() as *mut pyo3::ffi::PyTypeObject)).tp_basicsize };
-        if basic < (off + 8) as isize {
-            return Ok(false);
-        }
-        od.set_item("a", 1)?;
-        od.set_item("b", 2)?;
-        let s0 = read(&od);
-        od.call_method1("move_to_end", ("a",))?;
-        let s1 = read(&od);
-        od.call_method1("move_to_end", ("b",))?;
-        let s2 = read(&od);
-        Ok(s1 != s0 && s2 != s1)
-    })()?;
-    let result = if ok { Some(off) } else { None };
-    let _ = OFFSET.set(result);
-    Ok(result)
 }
 
 #[pymodule]

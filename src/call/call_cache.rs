@@ -8,47 +8,9 @@
 //! without touching either — the contents of the hook dicts, tracing state,
 //! the global hooks — are still read on every call. Pointers are borrowed: the
 //! unchanged dict/class keep them alive.
+use crate::cpython::validity::{dict_version, Key};
 use pyo3::ffi;
 use std::cell::UnsafeCell;
-
-/// What an instance-keyed entry (here and in `crate::instance::walk_facts`) describes: one
-/// instance dict at one version tag, seen through one class at one
-/// `tp_version_tag`. Tags are never reused, so a key that still matches means
-/// neither has changed since the entry was made.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Key {
-    pub dict: *mut ffi::PyObject,
-    pub version: u64,
-    pub tp: *mut ffi::PyTypeObject,
-    pub tp_version: u32,
-}
-
-impl Key {
-    pub const EMPTY: Key = Key {
-        dict: std::ptr::null_mut(),
-        version: 0,
-        tp: std::ptr::null_mut(),
-        tp_version: 0,
-    };
-
-    /// The key of `dict` and `tp` now; None while the class has no version
-    /// tag, or the dict is not quiet (nothing about them can be remembered
-    /// then). A key that still matches therefore also means the dict is
-    /// still quiet: its lookups by exact `str` run no code.
-    #[inline(always)]
-    pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
-        let tp_version = crate::cpython::validity::class_version(tp);
-        if tp_version == 0 || !crate::cpython::quiet::dict(dict) {
-            return None;
-        }
-        Some(Key {
-            dict,
-            version: dict_version(dict),
-            tp,
-            tp_version,
-        })
-    }
-}
 
 #[derive(Clone, Copy)]
 pub struct Entry {
@@ -125,8 +87,6 @@ fn index(dict: *mut ffi::PyObject) -> usize {
     let a = dict as usize;
     ((a >> 4) ^ (a >> 14)) & (SETS - 1)
 }
-
-pub use crate::cpython::validity::dict_version;
 
 /// The entry for this instance dict and class, if still valid. A raw
 /// pointer: a nested module call may overwrite the slot, so callers copy what

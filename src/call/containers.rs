@@ -11,7 +11,7 @@
 //! torch's function.
 use crate::cpython::Owned;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
-use crate::registry::register::is_fast_instance;
+use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::globals;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -118,7 +118,7 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             continue;
         }
         let func = f.as_ptr() as *mut ffi::PyFunctionObject;
-        let Some(original) = (unsafe { (*func).vectorcall }) else {
+        let Some(original) = (unsafe { crate::cpython::vectorcall::vectorcall_of(func) }) else {
             return Err(PyRuntimeError::new_err(
                 "torch container method has no vectorcall",
             ));
@@ -133,7 +133,9 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let funcs: Vec<*mut ffi::PyObject> = entries.iter().map(|e| e.func).collect();
     let _ = ENTRIES.set(Entries(entries));
     for f in funcs {
-        unsafe { crate::registry::vectorcalls::set_vectorcall(f as *mut ffi::PyFunctionObject, served) };
+        unsafe {
+            crate::cpython::vectorcall::set_vectorcall(f as *mut ffi::PyFunctionObject, served)
+        };
     }
     Ok(())
 }

@@ -2,10 +2,10 @@
 //! `nn.Module.__getattr__`'s registry lookup (`_parameters`, `_buffers`,
 //! `_modules`, in that order) without a Python frame and without building the
 //! AttributeError that the failed normal lookup would raise on 3.11.
-use crate::cpython::quiet;
-use crate::torch_api::errors::{no_attribute, not_initialised};
 use crate::cpython::private_api::_PyObject_GenericGetAttrWithDict;
+use crate::cpython::quiet;
 use crate::instance::attributes::{dict_get, instance_dict};
+use crate::torch_api::errors::{no_attribute, not_initialised};
 use crate::torch_api::originals::{globals, Globals};
 use pyo3::ffi;
 

@@ -11,8 +11,9 @@
 //! `F.relu` itself. The function bodies were checked at import
 //! (`fastmodule.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
-use crate::call::call_cache::{dict_version, set_leaf, Entry, Leaf, LeafKind};
+use crate::call::call_cache::{set_leaf, Entry, Leaf, LeafKind};
 use crate::cpython::quiet;
+use crate::cpython::validity::dict_version;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -468,13 +469,13 @@ unsafe fn sequential_loop(
     // `iter(self._modules.values())` with the dict iterator's checks (those
     // of `Items::next`), on borrowed pointers: each module is held only for
     // its own call, as the iterator hands it over.
-    let used = (*(modules as *mut ffi::PyDictObject)).ma_used;
+    let used = crate::cpython::dicts::used(modules);
     let mut pos: ffi::Py_ssize_t = 0;
     let mut left = used;
     ffi::Py_INCREF(input);
     let mut x = input;
     loop {
-        if (*(modules as *mut ffi::PyDictObject)).ma_used != used {
+        if crate::cpython::dicts::used(modules) != used {
             ffi::Py_DECREF(x);
             ffi::PyErr_SetString(
                 ffi::PyExc_RuntimeError,

@@ -12,9 +12,10 @@
 //! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
 use crate::cpython::private_api::custom_eval_frame;
 use crate::cpython::type_cache::type_lookup;
-use crate::instance::attributes::{call_with_self, hook_dict_len, instance_dict, plain_attr, Plain};
-use crate::torch_api::originals::{globals, Globals};
+use crate::instance::attributes::{call_with_self, instance_dict, plain_attr, Plain};
+use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::jit_tracing::is_tracing;
+use crate::torch_api::originals::{globals, Globals};
 use pyo3::ffi;
 
 enum Decision {

@@ -17,13 +17,17 @@
 //! - [`stack`]: how much of this thread's native stack is left?
 //! - [`validity`]: is what a cache remembered about a dict or a class still
 //!   true? (dict and class versions; dict watchers from 3.12 on.)
+pub mod dicts;
+pub mod gc;
 pub mod owned;
 pub mod private_api;
 pub mod quiet;
+pub mod recursion;
 pub mod stack;
 pub mod str_keys;
 pub mod tracer;
 pub mod type_cache;
 pub mod validity;
+pub mod vectorcall;
 
 pub use owned::Owned;

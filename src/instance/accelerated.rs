@@ -96,7 +96,7 @@ fn accelerated_class_freed(weak: &Bound<'_, PyAny>) {
     drop(removed);
     // The prefix flag may turn off. A failure leaves it on, which only costs
     // stock modules the (eager) route check; a callback must not raise.
-    let _ = crate::routes::whole_tree::note_accelerated(weak.py(), any());
+    let _ = note_accelerated(weak.py(), any());
 }
 
 static CALLBACK: OnceLock<Py<PyAny>> = OnceLock::new();
@@ -132,7 +132,7 @@ pub fn add(cls: &Bound<'_, PyType>) -> PyResult<()> {
         }
     };
     drop(unused);
-    crate::routes::whole_tree::note_accelerated(py, true)
+    note_accelerated(py, true)
 }
 
 pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
@@ -148,6 +148,33 @@ pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
     };
     // Outside the lock (see `lock`).
     drop(released);
-    crate::routes::whole_tree::note_accelerated(cls.py(), any())?;
+    note_accelerated(cls.py(), any())?;
     Ok(true)
+}
+
+/// Where `fastmodule.inline_routes` keeps its flag "is any class accelerated
+/// in place now?" (torch's module namespace), and the flag's name.
+static FLAG: std::sync::OnceLock<(Py<pyo3::types::PyDict>, Py<pyo3::types::PyString>)> =
+    OnceLock::new();
+
+/// Keep `namespace[flag]` equal to "some class is accelerated in place" from
+/// now on (`fastmodule.inline_routes`' flag; the first call decides).
+pub fn keep_flag(
+    namespace: &Bound<'_, pyo3::types::PyDict>,
+    flag: &Bound<'_, pyo3::types::PyString>,
+) {
+    let _ = FLAG.set((namespace.clone().unbind(), flag.clone().unbind()));
+}
+
+/// Record whether any class is accelerated in place (see `crate::routes::whole_tree::install_check`).
+pub fn note_accelerated(py: Python<'_>, any: bool) -> PyResult<()> {
+    if let Some((namespace, flag)) = FLAG.get() {
+        let namespace = namespace.bind(py);
+        let value = pyo3::types::PyBool::new(py, any);
+        let same = namespace.get_item(flag)?.is_some_and(|v| v.is(&*value));
+        if !same {
+            namespace.set_item(flag, value)?;
+        }
+    }
+    Ok(())
 }

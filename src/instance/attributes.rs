@@ -122,20 +122,6 @@ pub unsafe fn dict_get(dict: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mu
     ffi::PyDict_GetItemWithError(dict, key)
 }
 
-/// A hook registry whose truth value is its length: `dict` or `OrderedDict`.
-#[inline(always)]
-pub unsafe fn hook_dict_len(
-    obj: *mut ffi::PyObject,
-    odict: *mut ffi::PyTypeObject,
-) -> Option<isize> {
-    let t = ffi::Py_TYPE(obj);
-    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == odict {
-        Some((*(obj as *mut ffi::PyDictObject)).ma_used)
-    } else {
-        None
-    }
-}
-
 /// `func(slf, *args, **kwargs)` without building a new tuple.
 pub unsafe fn call_with_self(
     func: *mut ffi::PyObject,

@@ -32,10 +32,7 @@ pub enum Items {
     Iter(Py<PyIterator>),
 }
 
-#[inline(always)]
-unsafe fn ma_used(d: *mut ffi::PyObject) -> ffi::Py_ssize_t {
-    (*(d as *mut ffi::PyDictObject)).ma_used
-}
+use crate::cpython::dicts::used as ma_used;
 
 impl Items {
     /// `module.<registry>.items()`, iterated lazily.

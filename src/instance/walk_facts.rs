@@ -12,7 +12,7 @@
 //! alive. A walk over a tree of thousands of modules visits each once per
 //! call, so the table is sized for such trees (allocated, zeroed, on first
 //! use; untouched pages cost nothing).
-use crate::call::call_cache::{dict_version, Key};
+use crate::cpython::validity::{dict_version, Key};
 use pyo3::ffi;
 use std::cell::UnsafeCell;
 

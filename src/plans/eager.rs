@@ -33,11 +33,12 @@
 //! visit holding it (its parent, whose unchanged `_modules` keeps it alive)
 //! passed its checks. The table, the module checks and the refusals are
 //! `crate::plans::parts`'.
-use crate::call::call_cache::dict_version;
+use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
-use crate::plans::parts::{refuse, refused, room_for, Checked, Table, Walk};
+use crate::cpython::validity::dict_version;
+use crate::instance::dispatch::{is_native, Method};
+use crate::plans::parts::{refuse, refused, Checked, Table, Walk};
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{is_native, Method};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -127,7 +128,7 @@ pub fn apply_is_noop(
     let (_, plan) = holding(root.as_ptr(), Walk::Apply)?;
     // A getter may allocate (a grad's Python object): with the cyclic GC
     // paused no finalizer runs, so the borrowed tensors stay alive.
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let noop = all_left_as_is(py, &plan, &mut unchanged);
     drop(gc);
     if noop {
@@ -174,7 +175,7 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
     };
     let training = pyo3::intern!(py, "training").as_ptr();
     // Nothing the recording allocates may run a finalizer meanwhile.
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let ok = unsafe { visit(g, training, root, 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
@@ -218,7 +219,7 @@ unsafe fn visit(
     // plain dict entry.
     if plan.walk == Walk::Train
         && (type_lookup(tp, g.names.dunder_setattr) != g.orig.setattr
-            || !crate::registry::register::object_after_nn_module(g, tp)
+            || !crate::instance::fast::object_after_nn_module(g, tp)
             || !type_lookup(tp, training).is_null())
     {
         return false;

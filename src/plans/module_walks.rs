@@ -22,7 +22,7 @@
 //!
 //! Plans are kept per (root, walk) in a small table; a replay's own strong
 //! references (the memo's objects, open dicts) are the live walker's.
-use crate::call::call_cache::{dict_version, Key};
+use crate::cpython::validity::{dict_version, Key};
 use crate::instance::attributes::instance_dict;
 use pyo3::ffi;
 use pyo3::prelude::*;

@@ -7,10 +7,10 @@
 //!
 //! Like the per-instance facts, plans are off on 3.13 and free-threaded
 //! builds; everything here is used with the GIL held.
-use crate::call::call_cache::dict_version;
 use crate::cpython::type_cache::type_lookup;
-use crate::instance::attributes::hook_dict_len;
+use crate::cpython::validity::dict_version;
 use crate::plans::module_walks::{holds, seen_now, Seen};
+use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::ffi;
 use std::cell::UnsafeCell;
@@ -266,48 +266,6 @@ pub fn clear_refusals() {
     for r in unsafe { &mut *REFUSED.0.get() }.iter_mut() {
         r.1 = 0;
     }
-}
-
-/// The cyclic GC paused while this lives (and re-enabled on drop if it was
-/// enabled): replays that read borrowed objects, or hold a plan's pointers,
-/// across calls that may allocate need no finalizer to run in between.
-pub struct GcPause(bool);
-
-impl GcPause {
-    pub fn new() -> GcPause {
-        // SAFETY: every caller holds the GIL.
-        GcPause(unsafe { ffi::PyGC_Disable() } != 0)
-    }
-}
-
-impl Drop for GcPause {
-    fn drop(&mut self) {
-        if self.0 {
-            // SAFETY: as in `new`.
-            unsafe { ffi::PyGC_Enable() };
-        }
-    }
-}
-
-/// Would the live walk's recursion (`max_depth` levels below a root level)
-/// stay within the limits it checks?
-pub unsafe fn room_for(max_depth: u32) -> bool {
-    let levels = i64::from(max_depth) + 1;
-    if crate::walk::traversal::walk_depth() + levels > i64::from(ffi::Py_GetRecursionLimit()) {
-        return false;
-    }
-    let mut entered = 0;
-    while entered < levels {
-        if ffi::Py_EnterRecursiveCall(c"".as_ptr()) != 0 {
-            ffi::PyErr_Clear();
-            break;
-        }
-        entered += 1;
-    }
-    for _ in 0..entered {
-        ffi::Py_LeaveRecursiveCall();
-    }
-    entered == levels
 }
 
 /// `a + b` for exact strs (None on failure, with an exception set).

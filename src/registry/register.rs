@@ -9,10 +9,11 @@
 //! `register_parameter`, ...) the whole operation goes to torch's own
 //! function, so partial work is never followed by a hand-over.
 use crate::call::getattr::has_attr;
-use crate::cpython::{quiet, Owned};
-use crate::torch_api::errors::{raise, typename, Part};
 use crate::cpython::type_cache::type_lookup;
-use crate::instance::attributes::{dict_get, hook_dict_len, instance_dict, plain_attr, Plain};
+use crate::cpython::{quiet, Owned};
+use crate::instance::attributes::{dict_get, instance_dict, plain_attr, Plain};
+use crate::torch_api::errors::{raise, typename, Part};
+use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::ffi;
 
@@ -1011,31 +1012,6 @@ unsafe fn discard_non_persistent(
         c"O".as_ptr(),
         name,
     ))
-}
-
-/// Is `obj` an instance of a fastmodule class whose MRO puts only `object`
-/// after `torch.nn.Module` (so stock's `super().__setattr__` is
-/// `object.__setattr__`)? Only such instances take the native paths; every
-/// other module keeps running torch's Python code.
-#[inline(always)]
-pub unsafe fn is_fast_instance(g: &Globals, obj: *mut ffi::PyObject) -> bool {
-    let tp = ffi::Py_TYPE(obj);
-    (ffi::PyType_IsSubtype(tp, g.fast_module) != 0 || crate::instance::accelerated::contains(tp))
-        && object_after_nn_module(g, tp)
-}
-
-/// Is `object` the only class after `torch.nn.Module` in `tp`'s MRO?
-#[inline(always)]
-pub unsafe fn object_after_nn_module(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
-    let mro = (*tp).tp_mro;
-    if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
-        return false;
-    }
-    let n = ffi::PyTuple_GET_SIZE(mro);
-    n >= 2
-        && ffi::PyTuple_GET_ITEM(mro, n - 2) == g.nn_module as *mut ffi::PyObject
-        && ffi::PyTuple_GET_ITEM(mro, n - 1)
-            == std::ptr::addr_of_mut!(ffi::PyBaseObject_Type) as *mut ffi::PyObject
 }
 
 /// Native `Module.__setattr__(self, name, value)` / `Module.__delattr__(self,

@@ -25,9 +25,10 @@
 //! registration functions, called from Python code almost only, keep
 //! CPython's entry point from 3.12 on (their Python body with native
 //! attribute reads costs about what the native body does).
+use crate::cpython::vectorcall::{set_vectorcall, VECTORCALL_INLINED};
+use crate::instance::fast::is_fast_instance;
 use crate::registry::register::{
-    add_module, is_fast_instance, native_method, register_buffer, register_parameter,
-    setattr_native, Outcome,
+    add_module, native_method, register_buffer, register_parameter, setattr_native, Outcome,
 };
 use crate::torch_api::originals::{globals, require, Globals};
 use pyo3::ffi;
@@ -56,10 +57,6 @@ const ALL: [Which; 8] = [
     Which::AddModule,
     Which::RegisterModule,
 ];
-
-/// Whether Python-to-Python calls skip a function's vectorcall entry point
-/// (CPython 3.11), so that setting it changes only calls made from C.
-pub(crate) const VECTORCALL_INLINED: bool = cfg!(not(Py_3_12));
 
 impl Which {
     fn index(self) -> usize {
@@ -285,23 +282,6 @@ fn ours(which: Which) -> ffi::vectorcallfunc {
     }
 }
 
-#[cfg(Py_3_12)]
-extern "C" {
-    fn PyFunction_SetVectorcall(func: *mut ffi::PyFunctionObject, vectorcall: ffi::vectorcallfunc);
-}
-
-pub(crate) unsafe fn set_vectorcall(func: *mut ffi::PyFunctionObject, vc: ffi::vectorcallfunc) {
-    #[cfg(Py_3_12)]
-    PyFunction_SetVectorcall(func, vc);
-    #[cfg(not(Py_3_12))]
-    {
-        // What PyFunction_SetVectorcall does on 3.12: also stop call-site
-        // specialisation from caching the function.
-        (*func).func_version = 0;
-        (*func).vectorcall = Some(vc);
-    }
-}
-
 /// Point torch's functions at the native entry points (once; see
 /// [`Which::routed`]), except those of paths switched off.
 pub fn install(py: Python<'_>) -> PyResult<()> {
@@ -318,7 +298,7 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
             ));
         }
         let func = f as *mut ffi::PyFunctionObject;
-        match unsafe { (*func).vectorcall } {
+        match unsafe { crate::cpython::vectorcall::vectorcall_of(func) } {
             Some(vc) => saved.push(vc),
             None => {
                 return Err(pyo3::exceptions::PyRuntimeError::new_err(

@@ -1,2 +1,3 @@
 //! TODO
 pub mod whole_tree;
+pub mod wrapped_methods;

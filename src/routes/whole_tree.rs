@@ -17,7 +17,7 @@
 //! stock module runs; there torch's functions keep CPython's entry point and
 //! only the prefix routes.
 use crate::cpython::private_api::custom_eval_frame;
-use crate::registry::register::is_fast_instance;
+use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::{globals, require};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -29,10 +29,6 @@ struct Route {
     func: *mut ffi::PyObject,
     original: ffi::vectorcallfunc,
     body: *mut ffi::PyObject,
-    name: String,
-    /// A copy of torch's function that is not routed: torch's code, for
-    /// fastmodule's own calls of it.
-    code: *mut ffi::PyObject,
 }
 struct Routes(Vec<Route>);
 // SAFETY: strong references, used with the GIL held.
@@ -121,10 +117,6 @@ unsafe extern "C" fn route_check(
     out
 }
 
-/// Where `fastmodule.inline_routes` keeps its flag "is any class accelerated
-/// in place now?" (torch's module namespace), and the flag's name.
-static FLAG: OnceLock<(Py<PyDict>, Py<pyo3::types::PyString>)> = OnceLock::new();
-
 /// Make the Python function `func` answer with [`route_check`] when called
 /// eagerly (its own code is what tracers see), and keep `namespace[flag]`
 /// equal to "some class is accelerated in place".
@@ -139,42 +131,19 @@ pub fn install_check(
         ));
     }
     unsafe {
-        crate::registry::vectorcalls::set_vectorcall(func.as_ptr() as *mut ffi::PyFunctionObject, route_check)
+        crate::cpython::vectorcall::set_vectorcall(
+            func.as_ptr() as *mut ffi::PyFunctionObject,
+            route_check,
+        )
     };
-    let _ = FLAG.set((namespace.clone().unbind(), flag.clone().unbind()));
+    crate::instance::accelerated::keep_flag(namespace, flag);
     let py = namespace.py();
     let compiler = py.import("torch.compiler")?.dict().unbind();
     let _ = COMPILING.set((
         compiler,
         PyString::intern(py, "_is_compiling_flag").unbind(),
     ));
-    note_accelerated(py, crate::instance::accelerated::any())
-}
-
-/// Record whether any class is accelerated in place (see [`install_check`]).
-pub fn note_accelerated(py: Python<'_>, any: bool) -> PyResult<()> {
-    if let Some((namespace, flag)) = FLAG.get() {
-        let namespace = namespace.bind(py);
-        let value = pyo3::types::PyBool::new(py, any);
-        let same = namespace.get_item(flag)?.is_some_and(|v| v.is(&*value));
-        if !same {
-            namespace.set_item(flag, value)?;
-        }
-    }
-    Ok(())
-}
-
-/// torch's own code for `nn.Module.<name>`: the unrouted copy if the function
-/// is routed, else the function itself (as installed now).
-pub fn torch_code<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    if let Some(routes) = ROUTES.get() {
-        if let Some(r) = routes.0.iter().find(|r| r.name == name) {
-            return Ok(unsafe { Bound::from_borrowed_ptr(py, r.code) });
-        }
-    }
-    let g = require(py)?;
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
-    nn_module.getattr("__dict__")?.get_item(name)
+    crate::instance::accelerated::note_accelerated(py, crate::instance::accelerated::any())
 }
 
 /// Record `bodies[name]` for `torch.nn.Module.<name>` and `copies[name]`, the
@@ -192,13 +161,14 @@ pub fn install(
     let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
     let nn_dict = nn_module.getattr("__dict__")?;
     let mut routes = Vec::new();
+    let mut copies_taken = Vec::new();
     for (name, body) in bodies.iter() {
         let func = nn_dict.get_item(&name)?;
         if unsafe { ffi::PyFunction_Check(func.as_ptr()) } == 0 {
             continue;
         }
         let f = func.as_ptr() as *mut ffi::PyFunctionObject;
-        let Some(original) = (unsafe { (*f).vectorcall }) else {
+        let Some(original) = (unsafe { crate::cpython::vectorcall::vectorcall_of(f) }) else {
             return Err(PyRuntimeError::new_err(
                 "torch.nn.Module method has no vectorcall",
             ));
@@ -206,19 +176,21 @@ pub fn install(
         let Some(code) = copies.get_item(&name)? else {
             continue;
         };
+        copies_taken.push((name.extract::<String>()?, code.into_ptr()));
         routes.push(Route {
             func: func.into_ptr(),
             original,
             body: body.into_ptr(),
-            name: name.extract()?,
-            code: code.into_ptr(),
         });
     }
     let funcs: Vec<*mut ffi::PyObject> = routes.iter().map(|r| r.func).collect();
     let _ = ROUTES.set(Routes(routes));
-    if crate::registry::vectorcalls::VECTORCALL_INLINED {
+    crate::torch_api::torch_code::keep(copies_taken);
+    if crate::cpython::vectorcall::VECTORCALL_INLINED {
         for f in funcs {
-            unsafe { crate::registry::vectorcalls::set_vectorcall(f as *mut ffi::PyFunctionObject, routed) };
+            unsafe {
+                crate::cpython::vectorcall::set_vectorcall(f as *mut ffi::PyFunctionObject, routed)
+            };
         }
     }
     Ok(())

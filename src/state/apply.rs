@@ -22,11 +22,13 @@
 //! exactly when the tensor already has the target dtype/device; the closure is
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
+use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
-use crate::instance::registries::Items;
 use crate::instance::attributes::{data_attr, instance_attr, truthy};
+use crate::instance::dispatch::{call_method, is_native, Method};
+use crate::instance::registries::Items;
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{call_method, for_each_child, is_native, Depth, Method, Recursion};
+use crate::walk::traversal::for_each_child;
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -372,7 +374,7 @@ fn body<'py>(
 
 /// torch's `_apply(fn, recurse=False)` for `module`.
 fn delegate<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
-    let code = crate::routes::whole_tree::torch_code(py, Method::ApplyFn.name())?;
+    let code = crate::torch_api::torch_code::torch_code(py, Method::ApplyFn.name())?;
     code.call1((module, &ctx.fn_, false))?;
     Ok(())
 }

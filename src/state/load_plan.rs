@@ -28,14 +28,14 @@
 //! live path does (`crate::state::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
-use crate::call::call_cache::dict_version;
+use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
+use crate::cpython::validity::dict_version;
 use crate::plans::parts::{
-    concat, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children, Checked, Table,
-    Walk,
+    concat, empty_hooks, hooks_empty, refuse, refused, visit_children, Checked, Table, Walk,
 };
-use crate::torch_api::originals::Globals;
 use crate::state::state_dict::{plain_copy, CopyPair};
+use crate::torch_api::originals::Globals;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::cell::Cell;
@@ -104,7 +104,7 @@ pub fn replay<'py>(
 ) -> Option<PyResult<Vec<CopyPair<'py>>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let checked = unsafe { check(py, g, &plan, state_dict, metadata) };
     drop(gc);
     let pairs = match checked {
@@ -343,7 +343,7 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     };
     let prefix = pyo3::types::PyString::new(py, "");
     // Nothing the recording allocates may run a finalizer meanwhile.
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
@@ -408,9 +408,12 @@ unsafe fn visit(
     if non_persistent.is_null() || !crate::cpython::quiet::set(non_persistent) {
         return false;
     }
-    let Ok(metadata_key) = crate::instance::qualified_names::name(crate::instance::qualified_names::Kind::ButLast, prefix, prefix, || {
-        crate::state::state_dict::but_last(prefix)
-    }) else {
+    let Ok(metadata_key) = crate::instance::qualified_names::name(
+        crate::instance::qualified_names::Kind::ButLast,
+        prefix,
+        prefix,
+        || crate::state::state_dict::but_last(prefix),
+    ) else {
         return false;
     };
     if ffi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {

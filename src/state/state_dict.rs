@@ -24,11 +24,13 @@
 //! own `_load_from_state_dict`, before anything of it was touched, from a
 //! frame that reads as torch's `load` (see `fastmodule.loading`), so that
 //! what it warns with `stacklevel=2` is attributed as in torch.
-use crate::instance::registries::Items;
-use crate::instance::attributes::{data_attr, exact_str, hook_dict_len, instance_attr, instance_dict, truthy};
+use crate::cpython::recursion::{Depth, Recursion};
+use crate::instance::attributes::{data_attr, exact_str, instance_attr, instance_dict, truthy};
+use crate::instance::dispatch::{is_native, original, Method};
 use crate::instance::qualified_names::{self, Kind};
+use crate::instance::registries::Items;
+use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{is_native, original, Depth, Method, Recursion};
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
@@ -367,11 +369,14 @@ fn load<'py>(
     Ok(())
 }
 
-/// A dict's version (see `lib::dict_version`); None for non-dicts.
+/// A dict's version (see `cpython::dicts::dict_version_of`); None for non-dicts.
 type Version = Option<(u64, u64)>;
 
 fn version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Version> {
-    crate::dict_version_of(py, d)
+    let odict = crate::torch_api::originals::require(py)
+        .map(|g| g.odict)
+        .ok();
+    crate::cpython::dicts::dict_version_of(py, d, odict)
 }
 
 fn load_children<'py>(
@@ -400,7 +405,8 @@ fn load_children<'py>(
         if child.is_none() {
             continue;
         }
-        let child_prefix = qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
+        let child_prefix =
+            qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
         // Rebuild if a hook changed the parent's dict (entries or order) or
         // the children while earlier children loaded.
         let versions = (version(py, local)?, version(py, &children)?);
@@ -634,9 +640,12 @@ fn native_allowed<'py>(
         let tp = ffi::Py_TYPE(m);
         let lfsd = intern!(py, "_load_from_state_dict");
         let ses = intern!(py, "set_extra_state");
-        if crate::cpython::type_cache::type_lookup(tp, lfsd.as_ptr()) != ctx.cfg.load_from_state_dict.as_ptr()
-            || crate::cpython::type_cache::type_lookup(tp, ses.as_ptr()) != ctx.cfg.set_extra_state.as_ptr()
-            || crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+        if crate::cpython::type_cache::type_lookup(tp, lfsd.as_ptr())
+            != ctx.cfg.load_from_state_dict.as_ptr()
+            || crate::cpython::type_cache::type_lookup(tp, ses.as_ptr())
+                != ctx.cfg.set_extra_state.as_ptr()
+            || crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class)
+                != g.orig.object_class
         {
             return Ok(false);
         }
@@ -890,7 +899,8 @@ pub fn save_tree<'py>(
         if child.is_none() {
             continue;
         }
-        let child_prefix = qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
+        let child_prefix =
+            qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
         if is_native(g, &child, Method::StateDict) {
             save_tree(py, g, &child, &destination, &child_prefix, keep_vars)?;
         } else {

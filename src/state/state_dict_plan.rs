@@ -27,14 +27,15 @@
 //! element's `__eq__`, which may change what torch's walk reads next); one
 //! that does not, even one changed by another thread while `detach` let it
 //! run, sends the call to the live walk, the replay's work dropped unseen.
+use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{plain_attr, Plain};
+use crate::instance::dispatch::{is_native, original, Method};
 use crate::plans::parts::{
-    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, room_for, visit_children,
-    Checked, Table, Walk,
+    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, visit_children, Checked, Table,
+    Walk,
 };
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{is_native, original, Method};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
@@ -156,7 +157,7 @@ pub fn replay<'py>(
             }
         }
     }
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let out = unsafe { build(py, g, &plan, keep) };
     drop(gc);
     drop(held);
@@ -227,7 +228,7 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
         max_depth: 0,
     };
     // Nothing the recording allocates may run a finalizer meanwhile.
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.

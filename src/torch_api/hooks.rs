@@ -4,7 +4,6 @@
 //! call. We do the same, but skip the four dict lookups while the module's
 //! globals dict is unchanged (its version tag moves on any insertion,
 //! deletion or rebinding). The dicts' contents are always read live.
-use crate::instance::attributes::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::ffi;
 use std::cell::Cell;
@@ -58,4 +57,18 @@ pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
         }
     }
     Ok(true)
+}
+
+/// A hook registry whose truth value is its length: `dict` or `OrderedDict`.
+#[inline(always)]
+pub unsafe fn hook_dict_len(
+    obj: *mut ffi::PyObject,
+    odict: *mut ffi::PyTypeObject,
+) -> Option<isize> {
+    let t = ffi::Py_TYPE(obj);
+    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == odict {
+        Some(crate::cpython::dicts::used(obj))
+    } else {
+        None
+    }
 }

@@ -8,8 +8,8 @@
 //! one. A target that is not an exact `str` (whose `split` could be anything)
 //! is handed to torch's own function.
 use crate::instance::attributes::exact_str;
+use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{call_method, is_native, Method};
 use pyo3::call::PyCallArgs;
 use pyo3::exceptions::{PyAttributeError, PyValueError};
 use pyo3::ffi;
@@ -31,7 +31,7 @@ fn torch_own<'py, A: PyCallArgs<'py>>(
     m: Method,
     args: A,
 ) -> PyResult<Bound<'py, PyAny>> {
-    crate::routes::whole_tree::torch_code(py, m.name())?.call1(args)
+    crate::torch_api::torch_code::torch_code(py, m.name())?.call1(args)
 }
 
 /// `hasattr(obj, name)`.

@@ -13,209 +13,20 @@
 //! replace. Eager walks recurse through `Py_EnterRecursiveCall`, so a
 //! pathologically deep tree raises RecursionError as in stock instead of
 //! overflowing the native stack.
+use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
-use crate::instance::registries::{identity_hashed, join, Items, Memo};
 use crate::instance::attributes::instance_dict;
+use crate::instance::dispatch::{call_method, is_native, Method};
+use crate::instance::registries::{identity_hashed, join, Items, Memo};
 use crate::plans::module_walks::{self, Item, ItemKind, Node, NodeKind, Plan, Recorder, Reg};
 use crate::torch_api::originals::{require, Globals};
-use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyIterator, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyIterator, PyString};
 use pyo3::{PyTraverseError, PyVisit};
-use std::sync::{Arc, OnceLock};
-
-/// The methods whose dispatch the walks follow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
-    NamedModules,
-    NamedChildren,
-    Children,
-    Modules,
-    NamedMembers,
-    NamedParameters,
-    Parameters,
-    NamedBuffers,
-    Buffers,
-    Train,
-    Eval,
-    RequiresGrad,
-    ZeroGrad,
-    Apply,
-    /// `_apply(fn, recurse)`: what `.to()`, `.float()`, `.cuda()`, ... run.
-    ApplyFn,
-    GetSubmodule,
-    SetSubmodule,
-    GetParameter,
-    GetBuffer,
-    StateDict,
-    /// Not wrapped: only its original is compared against.
-    SaveToStateDict,
-    GetExtraState,
-}
-
-pub const METHODS: [Method; 22] = [
-    Method::NamedModules,
-    Method::NamedChildren,
-    Method::Children,
-    Method::Modules,
-    Method::NamedMembers,
-    Method::NamedParameters,
-    Method::Parameters,
-    Method::NamedBuffers,
-    Method::Buffers,
-    Method::Train,
-    Method::Eval,
-    Method::RequiresGrad,
-    Method::ZeroGrad,
-    Method::Apply,
-    Method::ApplyFn,
-    Method::GetSubmodule,
-    Method::SetSubmodule,
-    Method::GetParameter,
-    Method::GetBuffer,
-    Method::StateDict,
-    Method::SaveToStateDict,
-    Method::GetExtraState,
-];
-
-impl Method {
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::NamedModules => "named_modules",
-            Method::NamedChildren => "named_children",
-            Method::Children => "children",
-            Method::Modules => "modules",
-            Method::NamedMembers => "_named_members",
-            Method::NamedParameters => "named_parameters",
-            Method::Parameters => "parameters",
-            Method::NamedBuffers => "named_buffers",
-            Method::Buffers => "buffers",
-            Method::Train => "train",
-            Method::Eval => "eval",
-            Method::RequiresGrad => "requires_grad_",
-            Method::ZeroGrad => "zero_grad",
-            Method::Apply => "apply",
-            Method::ApplyFn => "_apply",
-            Method::GetSubmodule => "get_submodule",
-            Method::SetSubmodule => "set_submodule",
-            Method::GetParameter => "get_parameter",
-            Method::GetBuffer => "get_buffer",
-            Method::StateDict => "state_dict",
-            Method::SaveToStateDict => "_save_to_state_dict",
-            Method::GetExtraState => "get_extra_state",
-        }
-    }
-}
-
-/// torch's function, fastmodule's wrapper (if any) and the interned name.
-struct Entry {
-    name: *mut ffi::PyObject,
-    orig: *mut ffi::PyObject,
-    wrapper: *mut ffi::PyObject,
-}
-struct Table([Entry; 22]);
-// SAFETY: strong references, read with the GIL held.
-unsafe impl Send for Table {}
-unsafe impl Sync for Table {}
-static TABLE: OnceLock<Table> = OnceLock::new();
-
-/// Capture torch's methods and fastmodule's wrappers (by name on `fast_module`).
-pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
-    let g = require(py)?;
-    if TABLE.get().is_some() {
-        return Ok(());
-    }
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
-    let nn_dict = nn_module.getattr(intern!(py, "__dict__"))?;
-    let fast_dict = fast_module.getattr(intern!(py, "__dict__"))?;
-    let mut entries = Vec::with_capacity(METHODS.len());
-    for m in METHODS {
-        let orig = nn_dict.get_item(m.name())?;
-        let wrapper = fast_dict.get_item(m.name()).ok();
-        entries.push(Entry {
-            name: PyString::intern(py, m.name()).into_ptr(),
-            orig: orig.into_ptr(),
-            wrapper: wrapper.map_or(std::ptr::null_mut(), |w| w.into_ptr()),
-        });
-    }
-    let arr: [Entry; 22] = entries
-        .try_into()
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("fastmodule: method table size"))?;
-    let _ = TABLE.set(Table(arr));
-    Ok(())
-}
-
-fn entry(m: Method) -> Option<&'static Entry> {
-    TABLE.get().map(|t| &t.0[m as usize])
-}
-
-/// torch's own `nn.Module.<m>` as captured at import (borrowed).
-pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
-    entry(m).map(|e| e.orig)
-}
-
-/// Does `obj.<m>` resolve to torch's own method (directly, or through
-/// fastmodule's wrapper while torch's entry is unpatched)?
-pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
-    let Some(e) = entry(m) else { return false };
-    unsafe {
-        let tp = ffi::Py_TYPE(obj.as_ptr());
-        let d = instance_dict(obj.as_ptr());
-        if !d.is_null() && crate::instance::walk_facts::known_native(tp, d, m as u32) {
-            return true;
-        }
-        let found = type_lookup(tp, e.name);
-        let ok = found == e.orig
-            || (!e.wrapper.is_null()
-                && found == e.wrapper
-                && type_lookup(g.nn_module, e.name) == e.orig);
-        if !ok {
-            return false;
-        }
-        // An instance attribute of that name would shadow the method.
-        if d.is_null() {
-            return true;
-        }
-        // A lookup in a dict whose keys compare with `__eq__` runs code (and
-        // may fail): then the caller calls the method through Python, whose
-        // attribute lookup is torch's own, made once, as torch makes it.
-        if !crate::cpython::quiet::dict(d) {
-            return false;
-        }
-        let version = crate::call::call_cache::dict_version(d);
-        if ffi::PyDict_Contains(d, e.name) != 0 {
-            return false;
-        }
-        crate::instance::walk_facts::note_native(tp, d, m as u32, version);
-        true
-    }
-}
-
-/// `obj.<m>(*args)` through Python, as torch's code would call it.
-pub(crate) fn call_method<'py, A: PyCallArgs<'py>>(
-    obj: &Bound<'py, PyAny>,
-    m: Method,
-    args: A,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = obj.py();
-    match entry(m) {
-        // The table's interned name: no string built per call.
-        Some(e) => {
-            let name =
-                unsafe { Bound::from_borrowed_ptr(py, e.name).cast_into_unchecked::<PyString>() };
-            obj.call_method1(name, args)
-        }
-        None => obj.call_method1(PyString::intern(py, m.name()), args),
-    }
-}
-
-/// `torch.nn.Module.<m>` as currently installed (for the wrappers' fallback).
-pub fn torch_method<'py>(py: Python<'py>, m: Method) -> PyResult<Bound<'py, PyAny>> {
-    crate::routes::whole_tree::torch_code(py, m.name())
-}
+use std::sync::Arc;
 
 /// `(name, value)`, or just `value` for the value-only variants.
 fn pair<'py>(
@@ -262,9 +73,11 @@ fn dotted_join<'py>(
         {
             return None;
         }
-        if let Some(j) =
-            crate::instance::qualified_names::cached(crate::instance::qualified_names::Kind::Dotted, prefix.as_ptr(), name.as_ptr())
-        {
+        if let Some(j) = crate::instance::qualified_names::cached(
+            crate::instance::qualified_names::Kind::Dotted,
+            prefix.as_ptr(),
+            name.as_ptr(),
+        ) {
             return Some(Ok(Bound::from_owned_ptr(py, j)));
         }
         if dotted.is_none() {
@@ -681,7 +494,9 @@ impl NamedModules {
                                 if unsafe { module_walks::holds(&n.seen, module.as_ptr()) } {
                                     n.mods = Reg {
                                         dict: d,
-                                        version: unsafe { crate::call::call_cache::dict_version(d) },
+                                        version: unsafe {
+                                            crate::cpython::validity::dict_version(d)
+                                        },
                                         used,
                                     };
                                 } else {
@@ -706,7 +521,7 @@ impl NamedModules {
                                 module: std::ptr::null_mut(),
                                 depth,
                                 ppos,
-                                seen: crate::call::call_cache::Key::EMPTY,
+                                seen: crate::cpython::validity::Key::EMPTY,
                                 prefix: None,
                                 mods: Reg::NONE,
                                 reg: Reg::NONE,
@@ -1140,7 +955,7 @@ impl NamedMembers {
                     let n = &mut rec.plan.nodes[j as usize];
                     n.reg = Reg {
                         dict: d,
-                        version: unsafe { crate::call::call_cache::dict_version(d) },
+                        version: unsafe { crate::cpython::validity::dict_version(d) },
                         used,
                     };
                     n.items = (start, start);
@@ -1421,7 +1236,10 @@ impl Values {
     }
 }
 
-fn values_of<'py>(py: Python<'py>, it: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn values_of<'py>(
+    py: Python<'py>,
+    it: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     Ok(Bound::new(
         py,
         Values {
@@ -1479,7 +1297,7 @@ pub mod body {
 }
 
 /// torch's `children` body: `for _, m in self.named_children(): yield m`.
-fn children_body<'py>(
+pub(crate) fn children_body<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -1527,7 +1345,7 @@ pub(crate) fn for_each_child<'py>(
 /// (`parameters` → `named_parameters` → `_named_members`) is torch's. The
 /// first `skip` parameters a replay yields are not passed to `f`: the caller
 /// knows `f` would do nothing for them (`crate::walk::zero_grad`).
-fn for_each_parameter<'py>(
+pub(crate) fn for_each_parameter<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -1561,7 +1379,7 @@ fn for_each_parameter<'py>(
 /// `self.named_parameters(...)`/`named_buffers(...)` as torch's code calls it.
 // The arguments are torch's, plus the walk's context.
 #[allow(clippy::too_many_arguments)]
-fn named_registry<'py>(
+pub(crate) fn named_registry<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -1622,95 +1440,6 @@ pub fn parameters<'py>(
     call_method(module, Method::Parameters, ())
 }
 
-thread_local! {
-    /// Depth of the eager walks' native recursion on this thread.
-    static WALK_DEPTH: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
-}
-
-/// Which text torch's own recursion would raise RecursionError with: on 3.11
-/// every Python call counts as "while calling a Python object"; from 3.12
-/// on, a recursion of Python frames raises the bare text (torch's routed
-/// methods keep CPython's own entry point there, so they recurse in Python
-/// too). `Routed` names walks whose stock recursion goes through a routed
-/// method (`state_dict`, `train`), `Python` the others; both read alike now.
-#[derive(Clone, Copy)]
-pub(crate) enum Recursion {
-    /// torch recurses through a routed method called from torch's code.
-    Routed,
-    /// torch recurses through plain Python calls.
-    Python,
-}
-
-impl Recursion {
-    fn text(self) -> &'static str {
-        match self {
-            Recursion::Routed | Recursion::Python => {
-                if cfg!(Py_3_12) {
-                    "maximum recursion depth exceeded"
-                } else {
-                    "maximum recursion depth exceeded while calling a Python object"
-                }
-            }
-        }
-    }
-}
-
-/// Native stack an eager walk keeps in reserve (from 3.12 on): below this it
-/// raises RecursionError rather than overflow (a level takes a few KiB).
-const STACK_RESERVE: usize = 256 * 1024;
-
-/// RAII guard for one level of an eager walk: RecursionError where torch's
-/// Python recursion would exceed the recursion limit (from 3.13 on,
-/// `Py_EnterRecursiveCall` only guards the C stack, with a higher limit), and
-/// `Py_EnterRecursiveCall` for the native stack itself.
-/// The eager walks' native recursion depth on this thread.
-pub(crate) fn walk_depth() -> i64 {
-    WALK_DEPTH.with(|d| d.get())
-}
-
-pub(crate) struct Depth {
-    /// Entered with `Py_EnterRecursiveCall` (to leave on drop).
-    counted: bool,
-}
-impl Depth {
-    pub(crate) fn enter(py: Python<'_>, kind: Recursion) -> PyResult<Depth> {
-        let depth = WALK_DEPTH.with(|d| {
-            d.set(d.get() + 1);
-            d.get()
-        });
-        if depth > i64::from(unsafe { ffi::Py_GetRecursionLimit() }) {
-            WALK_DEPTH.with(|d| d.set(d.get() - 1));
-            return Err(pyo3::exceptions::PyRecursionError::new_err(kind.text()));
-        }
-        // From 3.12 on torch's Python recursion takes no native stack and
-        // does not count against CPython's C recursion limit: only the
-        // native stack itself bounds the walk. Elsewhere (3.11, or bounds
-        // unknown) CPython's own counter guards it, as a C call would.
-        if cfg!(Py_3_12) {
-            if let Some(room) = crate::cpython::stack::room() {
-                if room < STACK_RESERVE {
-                    WALK_DEPTH.with(|d| d.set(d.get() - 1));
-                    return Err(pyo3::exceptions::PyRecursionError::new_err(kind.text()));
-                }
-                return Ok(Depth { counted: false });
-            }
-        }
-        if unsafe { ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) } != 0 {
-            WALK_DEPTH.with(|d| d.set(d.get() - 1));
-            return Err(PyErr::fetch(py));
-        }
-        Ok(Depth { counted: true })
-    }
-}
-impl Drop for Depth {
-    fn drop(&mut self) {
-        WALK_DEPTH.with(|d| d.set(d.get() - 1));
-        if self.counted {
-            unsafe { ffi::Py_LeaveRecursiveCall() };
-        }
-    }
-}
-
 /// Is the instance dict `dict` quiet, and each registry it holds under
 /// `_parameters`, `_buffers`, `_modules` (read without running code)?
 unsafe fn quiet_with_registries(g: &Globals, dict: *mut ffi::PyObject) -> bool {
@@ -1739,7 +1468,7 @@ fn set_training(
         // Module or tensor).
         let tp = ffi::Py_TYPE(module.as_ptr());
         if type_lookup(tp, g.names.dunder_setattr) == g.orig.setattr
-            && crate::registry::register::object_after_nn_module(g, tp)
+            && crate::instance::fast::object_after_nn_module(g, tp)
         {
             let dict = instance_dict(module.as_ptr());
             if !dict.is_null() {
@@ -1807,7 +1536,7 @@ fn train_body<'py>(
 
 /// torch's `train` body for a walk's root: from its recorded plan when that
 /// still holds, else live (then recorded).
-fn train_root<'py>(
+pub(crate) fn train_root<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -1825,7 +1554,7 @@ fn train_root<'py>(
     Ok(out)
 }
 
-fn apply_body<'py>(
+pub(crate) fn apply_body<'py>(
     py: Python<'py>,
     g: &Globals,
     module: &Bound<'py, PyAny>,
@@ -1842,146 +1571,4 @@ fn apply_body<'py>(
     })?;
     f.call1((module,))?;
     Ok(module.clone())
-}
-
-/// Entry points used by fastmodule's wrappers (which have already checked that
-/// `nn.Module`'s entry is torch's original and bound the arguments): torch's
-/// method body for `module`, natively.
-pub fn call_root<'py>(
-    py: Python<'py>,
-    m: Method,
-    module: &Bound<'py, PyAny>,
-    args: &Bound<'py, PyTuple>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let g = require(py)?;
-    let arg = |i: usize| args.get_item(i);
-    match m {
-        Method::NamedModules => {
-            let memo = arg(0)?;
-            body::named_modules(py, module, Some(memo), &arg(1)?, &arg(2)?, false)
-        }
-        Method::Modules => {
-            // modules(rd): `for _, m in self.named_modules(remove_duplicate=rd)`.
-            let rd = arg(0)?;
-            if is_native(g, module, Method::NamedModules) {
-                let prefix = PyString::new(py, "");
-                return body::named_modules(py, module, None, prefix.as_any(), &rd, true);
-            }
-            let kw = PyDict::new(py);
-            kw.set_item(intern!(py, "remove_duplicate"), &rd)?;
-            values_of(
-                py,
-                module.call_method(intern!(py, "named_modules"), (), Some(&kw))?,
-            )
-        }
-        Method::NamedChildren => body::named_children(py, module, false),
-        Method::Children => children_body(py, g, module),
-        Method::NamedParameters | Method::NamedBuffers => {
-            let registry = if m == Method::NamedParameters {
-                "_parameters"
-            } else {
-                "_buffers"
-            };
-            let (prefix, recurse, rd) = (arg(0)?, arg(1)?, arg(2)?);
-            if is_native(g, module, Method::NamedMembers) {
-                return body::named_members(py, module, registry, &prefix, &recurse, &rd, false);
-            }
-            // An overriding _named_members gets torch's getter.
-            torch_method(py, m)?.call1((module, prefix, recurse, rd))
-        }
-        Method::Parameters | Method::Buffers => {
-            let which = if m == Method::Parameters {
-                Method::NamedParameters
-            } else {
-                Method::NamedBuffers
-            };
-            let recurse = arg(0)?;
-            let prefix = PyString::new(py, "");
-            let t = PyBool::new(py, true).to_owned().into_any();
-            named_registry(py, g, module, which, prefix.as_any(), &recurse, &t, true)
-        }
-        Method::Train => train_root(py, g, module, &arg(0)?),
-        Method::Eval => {
-            let f = PyBool::new(py, false).to_owned().into_any();
-            if is_native(g, module, Method::Train) {
-                return train_root(py, g, module, &f);
-            }
-            call_method(module, Method::Train, (f,))
-        }
-        Method::RequiresGrad => {
-            let flag = arg(0)?;
-            for_each_parameter(py, g, module, 0, |p| {
-                p.call_method1(intern!(py, "requires_grad_"), (&flag,))?;
-                Ok(())
-            })?;
-            Ok(module.clone())
-        }
-        Method::ZeroGrad => {
-            // The `_is_replica` warning is issued by the Python wrapper, so
-            // that its stacklevel points at the caller as in torch.
-            let set_to_none = arg(0)?;
-            let grad = intern!(py, "grad");
-            let skip = match crate::walk::zero_grad::scan(py, g, module, grad) {
-                crate::walk::zero_grad::NoGrads::All => return Ok(py.None().into_bound(py)),
-                crate::walk::zero_grad::NoGrads::Leading(n) => n,
-            };
-            for_each_parameter(py, g, module, skip, |p| {
-                if crate::instance::attributes::data_attr(p, grad)?.is_none() {
-                    return Ok(());
-                }
-                if set_to_none.is_truthy()? {
-                    p.setattr(grad, py.None())?;
-                } else {
-                    if !p.getattr(grad)?.getattr(intern!(py, "grad_fn"))?.is_none() {
-                        p.getattr(grad)?.call_method0(intern!(py, "detach_"))?;
-                    } else {
-                        p.getattr(grad)?
-                            .call_method1(intern!(py, "requires_grad_"), (false,))?;
-                    }
-                    p.getattr(grad)?.call_method0(intern!(py, "zero_"))?;
-                }
-                Ok(())
-            })?;
-            Ok(py.None().into_bound(py))
-        }
-        Method::Apply => apply_body(py, g, module, &arg(0)?),
-        Method::ApplyFn => crate::state::apply::root(py, g, module, &arg(0)?, &arg(1)?),
-        Method::GetSubmodule => crate::walk::paths::get_submodule(py, g, module, &arg(0)?),
-        Method::SetSubmodule => {
-            crate::walk::paths::set_submodule(py, g, module, &arg(0)?, &arg(1)?, &arg(2)?)
-        }
-        Method::GetParameter => crate::walk::paths::get_member(py, g, module, &arg(0)?, false),
-        Method::GetBuffer => crate::walk::paths::get_member(py, g, module, &arg(0)?, true),
-        Method::StateDict => {
-            let (destination, prefix, keep_vars) = (arg(0)?, arg(1)?, arg(2)?);
-            // A new destination, a str prefix and a bool keep_vars: the walk
-            // can come from a recorded plan (crate::state::state_dict_plan).
-            let plannable = destination.is_none()
-                && crate::instance::attributes::exact_str(&prefix)
-                && keep_vars.is_exact_instance_of::<PyBool>();
-            if plannable {
-                let keep = keep_vars.is_truthy()?;
-                if let Some(r) = crate::state::state_dict_plan::replay(py, g, module, &prefix, keep) {
-                    return r;
-                }
-            }
-            let out =
-                crate::state::state_dict::save_tree(py, g, module, &destination, &prefix, &keep_vars)?;
-            if plannable {
-                crate::state::state_dict_plan::record(g, module, &prefix);
-            }
-            Ok(out)
-        }
-        Method::SaveToStateDict | Method::GetExtraState => Err(
-            pyo3::exceptions::PyTypeError::new_err("not a wrapped entry point"),
-        ),
-        Method::NamedMembers => Err(pyo3::exceptions::PyTypeError::new_err(
-            "_named_members is not a wrapped entry point",
-        )),
-    }
-}
-
-/// Look a wrapped method up by name.
-pub fn method_named(name: &str) -> Option<Method> {
-    METHODS.iter().copied().find(|m| m.name() == name)
 }

@@ -11,11 +11,13 @@
 //! exactly as torch's would be; otherwise the walk runs as usual and skips the
 //! leading parameters already read, while it is still replaying the same plan
 //! (nothing has run since the pass, so their grads are still None).
+use super::traversal::for_each_parameter;
 use crate::instance::attributes::class_data_descr;
+use crate::instance::dispatch::{is_native, Method};
 use crate::plans::module_walks::{self, PlanKey};
 use crate::torch_api::originals::Globals;
-use crate::walk::traversal::{is_native, Method};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
@@ -88,7 +90,7 @@ pub fn scan(
     }
     let mut none = 0usize;
     let mut stopped = false;
-    let gc = crate::plans::parts::GcPause::new();
+    let gc = crate::cpython::gc::GcPause::new();
     // SAFETY: GIL held. The closure runs only torch's C getter (no Python
     // code) and drops what it read.
     let done = unsafe {
@@ -118,4 +120,40 @@ pub fn scan(
         return NoGrads::All;
     }
     NoGrads::Leading(if stopped { none } else { 0 })
+}
+
+/// torch's `zero_grad(set_to_none)` body for `module`: the first pass from
+/// the recorded parameters walk ([`scan`]), then the walk itself for the
+/// rest.
+pub fn zero_grad<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    module: &Bound<'py, PyAny>,
+    set_to_none: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // The `_is_replica` warning is issued by the Python wrapper, so
+    // that its stacklevel points at the caller as in torch.
+    let grad = intern!(py, "grad");
+    let skip = match scan(py, g, module, grad) {
+        NoGrads::All => return Ok(py.None().into_bound(py)),
+        NoGrads::Leading(n) => n,
+    };
+    for_each_parameter(py, g, module, skip, |p| {
+        if crate::instance::attributes::data_attr(p, grad)?.is_none() {
+            return Ok(());
+        }
+        if set_to_none.is_truthy()? {
+            p.setattr(grad, py.None())?;
+        } else {
+            if !p.getattr(grad)?.getattr(intern!(py, "grad_fn"))?.is_none() {
+                p.getattr(grad)?.call_method0(intern!(py, "detach_"))?;
+            } else {
+                p.getattr(grad)?
+                    .call_method1(intern!(py, "requires_grad_"), (false,))?;
+            }
+            p.getattr(grad)?.call_method0(intern!(py, "zero_"))?;
+        }
+        Ok(())
+    })?;
+    Ok(py.None().into_bound(py))
 }
