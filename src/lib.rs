@@ -323,9 +323,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;
     m.add_function(wrap_pyfunction!(set_tracer_check, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
-    m.add_class::<walk::traversal::NamedModules>()?;
-    m.add_class::<walk::traversal::NamedMembers>()?;
-    m.add_class::<walk::traversal::NamedChildren>()?;
-    m.add_class::<walk::traversal::Values>()?;
+    m.add_class::<walk::named_modules::NamedModules>()?;
+    m.add_class::<walk::named_modules::NamedMembers>()?;
+    m.add_class::<walk::named_modules::NamedChildren>()?;
+    m.add_class::<walk::named_modules::Values>()?;
     Ok(())
 }

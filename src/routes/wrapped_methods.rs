@@ -5,7 +5,7 @@
 //! `zero_grad`, `_apply`, dotted paths, `state_dict`, ...).
 use crate::instance::dispatch::{call_method, is_native, torch_method, Method, METHODS};
 use crate::torch_api::originals::require;
-use crate::walk::traversal::{
+use crate::walk::named_modules::{
     apply_body, body, children_body, for_each_parameter, named_registry, train_root, values_of,
 };
 use pyo3::intern;

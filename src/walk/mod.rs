@@ -1,4 +1,4 @@
 //! TODO
+pub mod named_modules;
 pub mod paths;
-pub mod traversal;
 pub mod zero_grad;
