@@ -324,8 +324,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_tracer_check, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
     m.add_class::<walk::named_modules::NamedModules>()?;
-    m.add_class::<walk::named_modules::NamedMembers>()?;
-    m.add_class::<walk::named_modules::NamedChildren>()?;
-    m.add_class::<walk::named_modules::Values>()?;
+    m.add_class::<walk::named_members::NamedMembers>()?;
+    m.add_class::<walk::children::NamedChildren>()?;
+    m.add_class::<walk::children::Values>()?;
     Ok(())
 }

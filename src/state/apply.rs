@@ -28,7 +28,7 @@ use crate::instance::attributes::{data_attr, instance_attr, truthy};
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::instance::registries::Items;
 use crate::torch_api::originals::Globals;
-use crate::walk::named_modules::for_each_child;
+use crate::walk::children::for_each_child;
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;

@@ -11,7 +11,7 @@
 //! exactly as torch's would be; otherwise the walk runs as usual and skips the
 //! leading parameters already read, while it is still replaying the same plan
 //! (nothing has run since the pass, so their grads are still None).
-use super::named_modules::for_each_parameter;
+use super::children::for_each_parameter;
 use crate::instance::attributes::class_data_descr;
 use crate::instance::dispatch::{is_native, Method};
 use crate::plans::module_walks::{self, PlanKey};
