@@ -1,3 +1,5 @@
 //! TODO
+pub mod preconditions;
 pub mod register;
+pub mod setattr;
 pub mod vectorcalls;

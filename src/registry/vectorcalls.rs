@@ -25,11 +25,11 @@
 //! registration functions, called from Python code almost only, keep
 //! CPython's entry point from 3.12 on (their Python body with native
 //! attribute reads costs about what the native body does).
+use super::preconditions::Outcome;
+use super::register::{add_module, native_method, register_buffer, register_parameter};
+use super::setattr::setattr_native;
 use crate::cpython::vectorcall::{set_vectorcall, VECTORCALL_INLINED};
 use crate::instance::fast::is_fast_instance;
-use crate::registry::register::{
-    add_module, native_method, register_buffer, register_parameter, setattr_native, Outcome,
-};
 use crate::torch_api::originals::{globals, require, Globals};
 use pyo3::ffi;
 use pyo3::prelude::*;

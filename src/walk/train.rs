@@ -59,13 +59,13 @@ fn set_training(
                     None => {}
                 }
             }
-            return match crate::registry::register::setattr_native(
+            return match crate::registry::setattr::setattr_native(
                 g,
                 module.as_ptr(),
                 name.as_ptr(),
                 mode.as_ptr(),
             ) {
-                crate::registry::register::Outcome::Done => {
+                crate::registry::preconditions::Outcome::Done => {
                     // Remembered only where the lookups remembering makes,
                     // and those the next `set_training` skips (`"training"
                     // in` each registry), run no code: stock makes them all.
@@ -75,8 +75,8 @@ fn set_training(
                     }
                     Ok(())
                 }
-                crate::registry::register::Outcome::Error => Err(PyErr::fetch(py)),
-                crate::registry::register::Outcome::Stock => module.setattr(name, mode),
+                crate::registry::preconditions::Outcome::Error => Err(PyErr::fetch(py)),
+                crate::registry::preconditions::Outcome::Stock => module.setattr(name, mode),
             };
         }
     }
