@@ -86,7 +86,7 @@ fn clear_plans() {
     plans::module_walks::clear();
     plans::eager::TABLE.clear();
     state::state_dict_plan::TABLE.clear();
-    state::load_plan::TABLE.clear();
+    state::load_state_dict_plan::TABLE.clear();
     plans::parts::clear_refusals();
 }
 
@@ -111,7 +111,7 @@ fn state_dict_plan_stats() -> (usize, usize) {
 /// `(load_state_dict walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn load_plan_stats() -> (usize, usize) {
-    state::load_plan::TABLE.stats()
+    state::load_state_dict_plan::TABLE.stats()
 }
 
 /// Would a lookup by an exact `str` in `obj` run no code (an exact dict with
@@ -285,7 +285,7 @@ fn init_runtime(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
 /// Capture what the native load walk needs (see `fastmodule.loading`).
 #[pyfunction]
 fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    state::state_dict::init(config)
+    state::load_state_dict::init(config)
 }
 
 #[pymodule]
@@ -313,8 +313,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(init_load, m)?)?;
     m.add_function(wrap_pyfunction!(init_runtime, m)?)?;
-    m.add_function(wrap_pyfunction!(state::state_dict::load_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(state::state_dict::load_replay, m)?)?;
+    m.add_function(wrap_pyfunction!(state::load_state_dict::load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(state::load_state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_function(wrap_pyfunction!(cache_validity, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;

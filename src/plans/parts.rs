@@ -1,5 +1,5 @@
 //! What the recorded eager walks share (`crate::plans::eager` for `train` and
-//! `_apply`, `crate::state::state_dict_plan`, `crate::state::load_plan`): the small table
+//! `_apply`, `crate::state::state_dict_plan`, `crate::state::load_state_dict_plan`): the small table
 //! each keeps its plans in, the check of one visited module, the refusals
 //! that spare a tree no plan can describe a recording walk on every call,
 //! and the recursion-limit check a replay makes for the live walk it stands

@@ -283,7 +283,7 @@ unsafe fn visit(
         _ => return false,
     };
     // torch's `prefix[:-1]`.
-    let Some(metadata_key) = crate::state::state_dict::but_last(prefix)
+    let Some(metadata_key) = crate::state::load_state_dict::but_last(prefix)
         .ok()
         .filter(|k| ffi::PyUnicode_CheckExact(k.as_ptr()) != 0)
     else {

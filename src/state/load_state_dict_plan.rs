@@ -23,7 +23,7 @@
 //! that the given dict has only exact str keys, exactly as many as the
 //! expected keys, and all of them (so no key is missing or unexpected
 //! anywhere); and each pair's types, shapes and `is_meta`
-//! (`crate::state::state_dict::plain_copy`, the live path's test). Any difference
+//! (`crate::state::load_state_dict::plain_copy`, the live path's test). Any difference
 //! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
 //! live path does (`crate::state::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
@@ -34,7 +34,7 @@ use crate::cpython::validity::dict_version;
 use crate::plans::parts::{
     concat, empty_hooks, hooks_empty, refuse, refused, visit_children, Checked, Table, Walk,
 };
-use crate::state::state_dict::{plain_copy, CopyPair};
+use crate::state::load_state_dict::{plain_copy, CopyPair};
 use crate::torch_api::originals::Globals;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -94,7 +94,7 @@ pub struct Originals {
 /// `OrderedDict`; the caller checked that nothing is assigned, the metadata
 /// is None or a dict or `OrderedDict`, torch's `swap_tensors` flag is off
 /// and no mode is active, and makes the copies
-/// (`crate::state::state_dict::load_replay`).
+/// (`crate::state::load_state_dict::load_replay`).
 pub fn replay<'py>(
     py: Python<'py>,
     g: &Globals,
@@ -162,7 +162,7 @@ pub(crate) unsafe fn copies_in_place(
     if local_metadata.is_null() {
         return true;
     }
-    if !crate::state::state_dict::plain_mapping(g, local_metadata, names.get)
+    if !crate::state::load_state_dict::plain_mapping(g, local_metadata, names.get)
         || !crate::cpython::str_keys::all_str(local_metadata)
     {
         return false;
@@ -412,7 +412,7 @@ unsafe fn visit(
         crate::instance::qualified_names::Kind::ButLast,
         prefix,
         prefix,
-        || crate::state::state_dict::but_last(prefix),
+        || crate::state::load_state_dict::but_last(prefix),
     ) else {
         return false;
     };

@@ -143,16 +143,16 @@ pub fn load_tree<'py>(
     let prefix = PyString::new(py, "");
     load(py, &ctx, module, state_dict, prefix.as_any())?;
     if plannable {
-        let orig = crate::state::load_plan::Originals {
+        let orig = crate::state::load_state_dict_plan::Originals {
             load_from_state_dict: cfg.load_from_state_dict.as_ptr(),
             set_extra_state: cfg.set_extra_state.as_ptr(),
         };
-        crate::state::load_plan::record(g, &orig, module);
+        crate::state::load_state_dict_plan::record(g, &orig, module);
     }
     Ok(())
 }
 
-/// The plain case a recorded plan can load (crate::state::load_plan): nothing
+/// The plain case a recorded plan can load (crate::state::load_state_dict_plan): nothing
 /// assigned, a dict or `OrderedDict`, metadata that is None or one of those
 /// (their `keys`/`get`, which torch calls, `dict`'s), torch's swap flag off,
 /// no mode active.
@@ -196,7 +196,7 @@ pub fn load_replay<'py>(
     if !plain_load(py, g, state_dict, metadata, assign.is_truthy()?)? {
         return Ok(false);
     }
-    match crate::state::load_plan::replay(py, g, module, state_dict, metadata) {
+    match crate::state::load_state_dict_plan::replay(py, g, module, state_dict, metadata) {
         Some(copies) => copy_all(py, cfg, errors, &copies?).map(|()| true),
         None => Ok(false),
     }
@@ -325,9 +325,9 @@ fn load<'py>(
     // but absent or False is torch's code's to act on.
     let in_place = !ctx.assigning
         && unsafe {
-            crate::state::load_plan::copies_in_place(
+            crate::state::load_state_dict_plan::copies_in_place(
                 g,
-                &crate::state::load_plan::AssignNames::new(py),
+                &crate::state::load_state_dict_plan::AssignNames::new(py),
                 md.as_ref().map_or(std::ptr::null_mut(), |m| m.as_ptr()),
             )
         };
