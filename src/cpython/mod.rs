@@ -25,6 +25,7 @@ pub mod quiet;
 pub mod recursion;
 pub mod stack;
 pub mod str_keys;
+pub mod strs;
 pub mod tracer;
 pub mod type_cache;
 pub mod validity;

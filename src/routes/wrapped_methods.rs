@@ -107,7 +107,7 @@ pub fn call_root<'py>(
                     return r;
                 }
             }
-            let out = crate::state::load_state_dict::save_tree(
+            let out = crate::state::state_dict::save_tree(
                 py,
                 g,
                 module,

@@ -24,9 +24,10 @@
 //! own `_load_from_state_dict`, before anything of it was touched, from a
 //! frame that reads as torch's `load` (see `fastmodule.loading`), so that
 //! what it warns with `stacklevel=2` is attributed as in torch.
+use super::buckets::build_buckets;
+use super::load_from_state_dict::{exact_dict, native_load_from_state_dict};
 use crate::cpython::recursion::{Depth, Recursion};
-use crate::instance::attributes::{data_attr, exact_str, instance_attr, instance_dict, truthy};
-use crate::instance::dispatch::{is_native, original, Method};
+use crate::instance::attributes::{data_attr, exact_str, instance_dict, truthy};
 use crate::instance::qualified_names::{self, Kind};
 use crate::instance::registries::Items;
 use crate::torch_api::hooks::hook_dict_len;
@@ -35,20 +36,20 @@ use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PySet, PyString};
+use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;
 
-struct Config {
+pub(super) struct Config {
     /// torch's `nn.Module._load_from_state_dict` and `set_extra_state`.
-    load_from_state_dict: Py<PyAny>,
-    set_extra_state: Py<PyAny>,
-    incompatible_keys: Py<PyAny>,
+    pub(super) load_from_state_dict: Py<PyAny>,
+    pub(super) set_extra_state: Py<PyAny>,
+    pub(super) incompatible_keys: Py<PyAny>,
     /// `copy_error(key, param, input, exc) -> str`: torch's message.
-    copy_error: Py<PyAny>,
+    pub(super) copy_error: Py<PyAny>,
     /// `load_call(module, state_dict, prefix, local_metadata, strict,
     /// missing, unexpected, errors)`: `module._load_from_state_dict(...)`
     /// called from a frame with torch's file, globals and line.
-    load_call: Py<PyAny>,
+    pub(super) load_call: Py<PyAny>,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -71,19 +72,19 @@ pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
     Ok(())
 }
 
-struct Ctx<'py> {
-    g: &'static Globals,
-    cfg: &'static Config,
-    metadata: Bound<'py, PyAny>,
-    assign: Bound<'py, PyAny>,
-    assigning: bool,
-    missing: Bound<'py, PyAny>,
-    unexpected: Bound<'py, PyAny>,
-    errors: Bound<'py, PyAny>,
-    post_hook_text: Bound<'py, PyAny>,
+pub(super) struct Ctx<'py> {
+    pub(super) g: &'static Globals,
+    pub(super) cfg: &'static Config,
+    pub(super) metadata: Bound<'py, PyAny>,
+    pub(super) assign: Bound<'py, PyAny>,
+    pub(super) assigning: bool,
+    pub(super) missing: Bound<'py, PyAny>,
+    pub(super) unexpected: Bound<'py, PyAny>,
+    pub(super) errors: Bound<'py, PyAny>,
+    pub(super) post_hook_text: Bound<'py, PyAny>,
 }
 
-unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
+pub(super) unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
     let t = ffi::Py_TYPE(o);
     t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
 }
@@ -156,7 +157,7 @@ pub fn load_tree<'py>(
 /// assigned, a dict or `OrderedDict`, metadata that is None or one of those
 /// (their `keys`/`get`, which torch calls, `dict`'s), torch's swap flag off,
 /// no mode active.
-fn plain_load(
+pub(super) fn plain_load(
     py: Python<'_>,
     g: &Globals,
     state_dict: &Bound<'_, PyAny>,
@@ -202,7 +203,7 @@ pub fn load_replay<'py>(
     }
 }
 
-fn config() -> PyResult<&'static Config> {
+pub(super) fn config() -> PyResult<&'static Config> {
     CONFIG
         .get()
         .ok_or_else(|| PyRuntimeError::new_err("fastmodule: loading not initialised"))
@@ -233,7 +234,7 @@ pub(crate) fn plain_copy(
 
 /// torch's copies under `no_grad`, in order; a failed one is reported in
 /// `error_msgs` as torch reports it, and the rest still run.
-fn copy_all<'py>(
+pub(super) fn copy_all<'py>(
     py: Python<'py>,
     cfg: &Config,
     errors: &Bound<'py, PyAny>,
@@ -275,7 +276,7 @@ pub(crate) fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, P
 
 /// `{} if metadata is None else metadata.get(prefix[:-1], {})`, where None
 /// stands for torch's fresh `{}` (built only if torch's code receives it).
-fn local_metadata<'py>(
+pub(super) fn local_metadata<'py>(
     py: Python<'py>,
     ctx: &Ctx<'py>,
     prefix: &Bound<'py, PyAny>,
@@ -302,7 +303,7 @@ fn local_metadata<'py>(
         .map(Some)
 }
 
-fn load<'py>(
+pub(super) fn load<'py>(
     py: Python<'py>,
     ctx: &Ctx<'py>,
     module: &Bound<'py, PyAny>,
@@ -370,16 +371,16 @@ fn load<'py>(
 }
 
 /// A dict's version (see `cpython::dicts::dict_version_of`); None for non-dicts.
-type Version = Option<(u64, u64)>;
+pub(super) type Version = Option<(u64, u64)>;
 
-fn version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Version> {
+pub(super) fn version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Version> {
     let odict = crate::torch_api::originals::require(py)
         .map(|g| g.odict)
         .ok();
     crate::cpython::dicts::dict_version_of(py, d, odict)
 }
 
-fn load_children<'py>(
+pub(super) fn load_children<'py>(
     py: Python<'py>,
     ctx: &Ctx<'py>,
     module: &Bound<'py, PyAny>,
@@ -443,554 +444,6 @@ fn load_children<'py>(
             }
         };
         load(py, ctx, &child, &child_local, &child_prefix)?;
-    }
-    Ok(())
-}
-
-/// The bytes of an exact, compact ASCII str (None for any other str; always
-/// None on 3.14, whose str state layout pyo3 does not describe: the callers
-/// then take their general path).
-#[cfg(Py_3_14)]
-unsafe fn ascii_bytes<'a>(_s: *mut ffi::PyObject) -> Option<&'a [u8]> {
-    None
-}
-
-/// The bytes of an exact, compact ASCII str (None for any other str).
-#[cfg(not(Py_3_14))]
-unsafe fn ascii_bytes<'a>(s: *mut ffi::PyObject) -> Option<&'a [u8]> {
-    if ffi::PyUnicode_CheckExact(s) == 0 || ffi::PyUnicode_IS_ASCII(s) == 0 {
-        return None;
-    }
-    let len = ffi::PyUnicode_GET_LENGTH(s) as usize;
-    Some(std::slice::from_raw_parts(
-        ffi::PyUnicode_1BYTE_DATA(s),
-        len,
-    ))
-}
-
-/// FNV-1a over a child name's bytes (names are short; no DoS concern: the
-/// table is built from the module's own registry).
-#[derive(Default)]
-struct NameHasher(u64);
-
-impl std::hash::Hasher for NameHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = self.0 ^ 0xcbf2_9ce4_8422_2325;
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-        self.0 = h;
-    }
-}
-
-type NameSet<'a> = std::collections::HashSet<&'a [u8], std::hash::BuildHasherDefault<NameHasher>>;
-
-type NameTable<'a> =
-    std::collections::HashMap<&'a [u8], usize, std::hash::BuildHasherDefault<NameHasher>>;
-
-/// Split `local` by child name: `{name: {key: value}}` for keys
-/// `prefix + name + "." + ...` where `name` is a child's name (keys under any
-/// other head are never asked for); None when torch's own scan must decide.
-fn build_buckets<'py>(
-    py: Python<'py>,
-    local: &Bound<'py, PyAny>,
-    prefix: &Bound<'py, PyAny>,
-    children: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyDict>>> {
-    // A key that is not an exact str is torch's scan's to meet; checked
-    // first, by reading the table: iterating an `OrderedDict` looks each key
-    // up, which runs a colliding key's `__eq__`.
-    if !exact_str(prefix)
-        || (unsafe { ffi::PyDict_Check(local.as_ptr()) } != 0
-            && !unsafe { crate::cpython::str_keys::all_str(local.as_ptr()) })
-    {
-        return Ok(None);
-    }
-    let mut names: Vec<Bound<'py, PyAny>> = Vec::new();
-    for name in children.try_iter()? {
-        let name = name?;
-        if !exact_str(&name) {
-            return Ok(None);
-        }
-        let n = name.as_ptr();
-        let len = unsafe { ffi::PyUnicode_GET_LENGTH(n) };
-        match unsafe { ffi::PyUnicode_FindChar(n, '.' as u32, 0, len, 1) } {
-            -2 => return Err(PyErr::fetch(py)),
-            -1 => {}
-            _ => return Ok(None),
-        }
-        names.push(name);
-    }
-    // Child names by their bytes, where the prefix and every name are ASCII:
-    // a key's head is then found without building it as a str.
-    let prefix_bytes = unsafe { ascii_bytes(prefix.as_ptr()) };
-    let mut table = NameTable::default();
-    let mut by_bytes = prefix_bytes.is_some();
-    for (i, n) in names.iter().enumerate() {
-        match unsafe { ascii_bytes(n.as_ptr()) } {
-            Some(b) => {
-                table.insert(b, i);
-            }
-            None => by_bytes = false,
-        }
-    }
-    let out = PyDict::new(py);
-    let mut buckets: Vec<Option<Bound<'py, PyAny>>> = vec![None; names.len()];
-    let start = prefix.len()? as isize;
-    let mut add = |key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>| -> PyResult<bool> {
-        if !exact_str(key) {
-            return Ok(false);
-        }
-        unsafe {
-            let k = key.as_ptr();
-            if let (true, Some(p), Some(kb)) = (by_bytes, prefix_bytes, ascii_bytes(k)) {
-                if !kb.starts_with(p) {
-                    return Ok(true);
-                }
-                let rest = &kb[p.len()..];
-                let Some(dot) = rest.iter().position(|&c| c == b'.') else {
-                    return Ok(true);
-                };
-                let Some(&i) = table.get(&rest[..dot]) else {
-                    return Ok(true);
-                };
-                let bucket = match &buckets[i] {
-                    Some(b) => b,
-                    None => {
-                        let b = PyDict::new(py).into_any();
-                        out.set_item(&names[i], &b)?;
-                        buckets[i].insert(b)
-                    }
-                };
-                bucket.set_item(key, value)?;
-                return Ok(true);
-            }
-            let len = ffi::PyUnicode_GET_LENGTH(k);
-            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1 {
-                return Ok(true);
-            }
-            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
-            if dot == -2 {
-                return Err(PyErr::fetch(py));
-            }
-            if dot < 0 {
-                return Ok(true);
-            }
-            let head = Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
-            let bucket = match out.get_item(&head)? {
-                Some(b) => b,
-                None => {
-                    let b = PyDict::new(py).into_any();
-                    out.set_item(&head, &b)?;
-                    // Found again by bytes for a later ASCII key.
-                    if let Some(i) = names.iter().position(|n| n.eq(&head).unwrap_or(false)) {
-                        buckets[i] = Some(b.clone());
-                    }
-                    b
-                }
-            };
-            bucket.set_item(key, value)?;
-            Ok(true)
-        }
-    };
-    if exact_dict(local) {
-        // An exact dict iterates in its own order, with no code run.
-        let d = local.as_ptr();
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        while unsafe { ffi::PyDict_Next(d, &mut pos, &mut k, &mut v) } != 0 {
-            let (key, value) = unsafe {
-                (
-                    Bound::from_borrowed_ptr(py, k),
-                    Bound::from_borrowed_ptr(py, v),
-                )
-            };
-            if !add(&key, &value)? {
-                return Ok(None);
-            }
-        }
-    } else {
-        for kv in local.call_method0(intern!(py, "items"))?.try_iter()? {
-            let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
-            if !add(&key, &value)? {
-                return Ok(None);
-            }
-        }
-    }
-    Ok(Some(out))
-}
-
-fn exact_dict(o: &Bound<'_, PyAny>) -> bool {
-    unsafe { ffi::PyDict_CheckExact(o.as_ptr()) != 0 }
-}
-
-/// May torch's `_load_from_state_dict` of `module` be run natively?
-fn native_allowed<'py>(
-    py: Python<'py>,
-    ctx: &Ctx<'py>,
-    module: &Bound<'py, PyAny>,
-) -> PyResult<bool> {
-    let g = ctx.g;
-    unsafe {
-        let m = module.as_ptr();
-        let tp = ffi::Py_TYPE(m);
-        let lfsd = intern!(py, "_load_from_state_dict");
-        let ses = intern!(py, "set_extra_state");
-        if crate::cpython::type_cache::type_lookup(tp, lfsd.as_ptr())
-            != ctx.cfg.load_from_state_dict.as_ptr()
-            || crate::cpython::type_cache::type_lookup(tp, ses.as_ptr())
-                != ctx.cfg.set_extra_state.as_ptr()
-            || crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class)
-                != g.orig.object_class
-        {
-            return Ok(false);
-        }
-        // Every read below, and the native body's, is a lookup by an exact
-        // str in this dict: none may run code (torch's code makes them).
-        let d = instance_dict(m);
-        if d.is_null()
-            || !crate::cpython::quiet::dict(d)
-            || ffi::PyDict_Contains(d, lfsd.as_ptr()) != 0
-        {
-            return Ok(false);
-        }
-    }
-    match instance_attr(module, intern!(py, "_load_state_dict_pre_hooks"))? {
-        Some(h) if matches!(unsafe { hook_dict_len(h.as_ptr(), g.odict) }, Some(0)) => {}
-        _ => return Ok(false),
-    }
-    // A replaced flag getter is torch's code's to call (as often as it does).
-    let rt = crate::torch_api::runtime::get()?;
-    if !rt.swap.is_original(py)? || rt.swap.get(py)? || rt.modes_active(py)? {
-        return Ok(false);
-    }
-    Ok(true)
-}
-
-/// torch's `_load_from_state_dict` for the common case; Ok(false) when the
-/// module is not the common case (nothing was done).
-fn native_load_from_state_dict<'py>(
-    py: Python<'py>,
-    ctx: &Ctx<'py>,
-    module: &Bound<'py, PyAny>,
-    local: &Bound<'py, PyAny>,
-    prefix: &Bound<'py, PyAny>,
-) -> PyResult<bool> {
-    let g = ctx.g;
-    if !exact_str(prefix)
-        || !unsafe { is_dict_or_odict(g, local.as_ptr()) }
-        || !native_allowed(py, ctx, module)?
-    {
-        return Ok(false);
-    }
-    let (Some(params), Some(buffers), Some(non_persistent), Some(modules)) = (
-        instance_attr(module, intern!(py, "_parameters"))?,
-        instance_attr(module, intern!(py, "_buffers"))?,
-        instance_attr(module, intern!(py, "_non_persistent_buffers_set"))?,
-        instance_attr(module, intern!(py, "_modules"))?,
-    ) else {
-        return Ok(false);
-    };
-    // Quiet registries, set and dict (torch's `in` tests and lookups in them
-    // run no code), and exact str names: nothing below runs code before the
-    // copies, so handing over to torch's code up to there is unobservable.
-    let quiet = unsafe {
-        crate::cpython::quiet::dict(params.as_ptr())
-            && crate::cpython::quiet::dict(buffers.as_ptr())
-            && crate::cpython::quiet::dict(modules.as_ptr())
-            && crate::cpython::quiet::set(non_persistent.as_ptr())
-            && crate::cpython::str_keys::all_str(local.as_ptr())
-    };
-    if !quiet {
-        return Ok(false);
-    }
-    let non_persistent = non_persistent.cast::<PySet>()?;
-    // local_state: parameters, then persistent buffers, without None.
-    let local_state = PyDict::new(py);
-    for (k, v) in params.cast::<PyDict>()?.iter() {
-        if !v.is_none() {
-            local_state.set_item(k, v)?;
-        }
-    }
-    for (k, v) in buffers.cast::<PyDict>()?.iter() {
-        if !v.is_none() && !non_persistent.contains(&k)? {
-            local_state.set_item(k, v)?;
-        }
-    }
-    let is_tensor = |t: &Bound<'py, PyAny>| unsafe {
-        let tp = ffi::Py_TYPE(t.as_ptr());
-        tp == g.tensor || tp == g.parameter
-    };
-    let mut copies: Vec<CopyPair<'py>> = Vec::new();
-    let mut missing: Vec<Bound<'py, PyAny>> = Vec::new();
-    for (name, param) in local_state.iter() {
-        if !exact_str(&name) || !is_tensor(&param) {
-            return Ok(false);
-        }
-        let key = qualified_names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
-        match local.get_item(&key) {
-            Ok(input) => {
-                if !plain_copy(g, &param, &input)? {
-                    return Ok(false);
-                }
-                copies.push((key, param, input));
-            }
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyError>(py) => missing.push(key),
-            Err(e) => return Err(e),
-        }
-    }
-    // Unexpected keys: those under `prefix` that name neither a child nor an
-    // entry of local_state (torch's strict scan).
-    let extra = intern!(py, "_extra_state");
-    let extra_state_key = qualified_names::name(Kind::Plain, prefix, extra, || prefix.add(extra))?;
-    let mut unexpected: Vec<Bound<'py, PyAny>> = Vec::new();
-    let start = prefix.len()? as isize;
-    // Where the prefix, the extra-state key and every child and local_state name
-    // are ASCII strs, an ASCII key's head is looked up by its bytes, without
-    // building it as a str (the same membership: str equality is byte equality).
-    let ascii_names = |d: &Bound<'py, PyAny>| -> Option<NameSet<'py>> {
-        let mut set = NameSet::default();
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        // SAFETY: exact dicts, iterated without running code; the names
-        // outlive the scan (the dicts hold them and are not changed by it).
-        unsafe {
-            while ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
-                set.insert(ascii_bytes(k)?);
-            }
-        }
-        Some(set)
-    };
-    let by_bytes = unsafe {
-        match (
-            ascii_bytes(prefix.as_ptr()),
-            ascii_bytes(extra_state_key.as_ptr()),
-        ) {
-            (Some(p), Some(x)) => {
-                match (ascii_names(&modules), ascii_names(local_state.as_any())) {
-                    (Some(m), Some(l)) => Some((p, x, m, l)),
-                    _ => None,
-                }
-            }
-            _ => None,
-        }
-    };
-    for key in local.try_iter()? {
-        let key = key?;
-        if !exact_str(&key) {
-            return Ok(false);
-        }
-        unsafe {
-            let k = key.as_ptr();
-            if let (Some((p, x, mods, own)), Some(kb)) = (&by_bytes, ascii_bytes(k)) {
-                if !kb.starts_with(p) || kb == *x {
-                    continue;
-                }
-                let rest = &kb[p.len()..];
-                let known = match rest.iter().position(|&c| c == b'.') {
-                    Some(dot) => mods.contains(&rest[..dot]),
-                    None => own.contains(rest),
-                };
-                if !known {
-                    unexpected.push(key.clone());
-                }
-                continue;
-            }
-            let len = ffi::PyUnicode_GET_LENGTH(k);
-            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1
-                || key.eq(&extra_state_key)?
-            {
-                continue;
-            }
-            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
-            if dot == -2 {
-                return Err(PyErr::fetch(py));
-            }
-            let known = if dot >= 0 {
-                let head =
-                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
-                modules.contains(&head)?
-            } else {
-                let rest =
-                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, len))?;
-                local_state.contains(&rest)?
-            };
-            if !known {
-                unexpected.push(key.clone());
-            }
-        }
-    }
-    // From here on this is torch's code path: copy under no_grad.
-    copy_all(py, ctx.cfg, &ctx.errors, &copies)?;
-    let append = intern!(py, "append");
-    for key in missing {
-        ctx.missing.call_method1(append, (key,))?;
-    }
-    if local.contains(&extra_state_key)? {
-        ctx.unexpected.call_method1(append, (extra_state_key,))?;
-    }
-    for key in unexpected {
-        ctx.unexpected.call_method1(append, (key,))?;
-    }
-    Ok(true)
-}
-
-/// torch's `state_dict(destination=, prefix=, keep_vars=)` body for `module`
-/// (the positional-argument handling is the Python wrapper's).
-pub fn save_tree<'py>(
-    py: Python<'py>,
-    g: &'static Globals,
-    module: &Bound<'py, PyAny>,
-    destination: &Bound<'py, PyAny>,
-    prefix: &Bound<'py, PyAny>,
-    keep_vars: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let _depth = Depth::enter(py, Recursion::Routed)?;
-    let metadata_name = intern!(py, "_metadata");
-    let destination = if destination.is_none() {
-        let odict = unsafe { Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject) };
-        let d = odict.call0()?;
-        d.setattr(metadata_name, odict.call0()?)?;
-        d
-    } else {
-        destination.clone()
-    };
-    let local_metadata = PyDict::new(py);
-    local_metadata.set_item(
-        intern!(py, "version"),
-        module.getattr(intern!(py, "_version"))?,
-    )?;
-    let mut md = std::ptr::null_mut();
-    match unsafe {
-        ffi::compat::PyObject_GetOptionalAttr(destination.as_ptr(), metadata_name.as_ptr(), &mut md)
-    } {
-        1 => {
-            let md = unsafe { Bound::from_owned_ptr(py, md) };
-            md.set_item(
-                qualified_names::name(Kind::ButLast, prefix, prefix, || but_last(prefix))?,
-                &local_metadata,
-            )?;
-        }
-        0 => {}
-        _ => return Err(PyErr::fetch(py)),
-    }
-    let pre = module.getattr(intern!(py, "_state_dict_pre_hooks"))?;
-    if !matches!(unsafe { hook_dict_len(pre.as_ptr(), g.odict) }, Some(0)) {
-        for hook in pre.call_method0(intern!(py, "values"))?.try_iter()? {
-            hook?.call1((module, prefix, keep_vars))?;
-        }
-    }
-    if is_native(g, module, Method::SaveToStateDict) {
-        save_own(py, g, module, &destination, prefix, keep_vars)?;
-    } else {
-        module.call_method1(
-            intern!(py, "_save_to_state_dict"),
-            (&destination, prefix, keep_vars),
-        )?;
-    }
-    let dot = intern!(py, ".");
-    let mut items = Items::of(module, intern!(py, "_modules"))?;
-    while let Some((name, child)) = items.next(py)? {
-        if child.is_none() {
-            continue;
-        }
-        let child_prefix =
-            qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
-        if is_native(g, &child, Method::StateDict) {
-            save_tree(py, g, &child, &destination, &child_prefix, keep_vars)?;
-        } else {
-            let kw = PyDict::new(py);
-            kw.set_item(intern!(py, "destination"), &destination)?;
-            kw.set_item(intern!(py, "prefix"), &child_prefix)?;
-            kw.set_item(intern!(py, "keep_vars"), keep_vars)?;
-            child.call_method(intern!(py, "state_dict"), (), Some(&kw))?;
-        }
-    }
-    let post = module.getattr(intern!(py, "_state_dict_hooks"))?;
-    if matches!(unsafe { hook_dict_len(post.as_ptr(), g.odict) }, Some(0)) {
-        return Ok(destination);
-    }
-    let mut destination = destination;
-    for hook in post.call_method0(intern!(py, "values"))?.try_iter()? {
-        let hook = hook?;
-        let result = hook.call1((module, &destination, prefix, &local_metadata))?;
-        let public = match hook.getattr(intern!(py, "_from_public_api")) {
-            Ok(v) => v.is_truthy()?,
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => false,
-            Err(e) => return Err(e),
-        };
-        if !public {
-            if !result.is_none() {
-                destination = result;
-            }
-        } else if !result.is_none() {
-            return Err(PyRuntimeError::new_err(
-                "state_dict post-hook must return None",
-            ));
-        }
-    }
-    Ok(destination)
-}
-
-/// torch's `_save_to_state_dict(destination, prefix, keep_vars)` body.
-fn save_own<'py>(
-    py: Python<'py>,
-    g: &'static Globals,
-    module: &Bound<'py, PyAny>,
-    destination: &Bound<'py, PyAny>,
-    prefix: &Bound<'py, PyAny>,
-    keep_vars: &Bound<'py, PyAny>,
-) -> PyResult<()> {
-    let keep = keep_vars.is_truthy()?;
-    let detach = intern!(py, "detach");
-    let mut params = Items::of(module, intern!(py, "_parameters"))?;
-    while let Some((name, p)) = params.next(py)? {
-        if p.is_none() {
-            continue;
-        }
-        let value = if keep { p } else { p.call_method0(detach)? };
-        let key = qualified_names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
-        destination.set_item(key, value)?;
-    }
-    let non_persistent = intern!(py, "_non_persistent_buffers_set");
-    let mut buffers = Items::of(module, intern!(py, "_buffers"))?;
-    while let Some((name, b)) = buffers.next(py)? {
-        if b.is_none() || module.getattr(non_persistent)?.contains(&name)? {
-            continue;
-        }
-        let value = if keep { b } else { b.call_method0(detach)? };
-        let key = qualified_names::name(Kind::Plain, prefix, &name, || prefix.add(&name))?;
-        destination.set_item(key, value)?;
-    }
-    let overridden = unsafe {
-        let tp = ffi::Py_TYPE(module.as_ptr());
-        let name = intern!(py, "get_extra_state");
-        crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
-            || Some(crate::cpython::type_cache::type_lookup(tp, name.as_ptr()))
-                != original(Method::GetExtraState)
-    };
-    if overridden {
-        let cls = module.getattr(intern!(py, "__class__"))?;
-        let ges = intern!(py, "get_extra_state");
-        let torch_ges = original(Method::GetExtraState)
-            .map(|p| unsafe { Bound::from_borrowed_ptr(py, p) })
-            .ok_or_else(|| PyRuntimeError::new_err("fastmodule: method table not initialised"))?;
-        let found = match cls.getattr(ges) {
-            Ok(v) => v,
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => {
-                torch_ges.clone()
-            }
-            Err(e) => return Err(e),
-        };
-        if !found.is(&torch_ges) {
-            let key = prefix.add(intern!(py, "_extra_state"))?;
-            destination.set_item(key, module.call_method0(ges)?)?;
-        }
     }
     Ok(())
 }
