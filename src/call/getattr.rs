@@ -102,7 +102,7 @@ pub unsafe fn has_attr(
     name: *mut ffi::PyObject,
 ) -> Result<bool, ()> {
     let own = crate::call::slots::is_fn!(
-        (*ffi::Py_TYPE(obj)).tp_getattro,
+        crate::cpython::types::getattro_slot(ffi::Py_TYPE(obj)),
         module_getattro as ffi::getattrofunc
     );
     if own && ffi::PyUnicode_Check(name) != 0 {

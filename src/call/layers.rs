@@ -207,7 +207,7 @@ unsafe fn registry_only(
 #[inline(always)]
 unsafe fn own_getattro_no_class_attr(tp: *mut ffi::PyTypeObject, name: *mut ffi::PyObject) -> bool {
     crate::call::slots::is_fn!(
-        (*tp).tp_getattro,
+        crate::cpython::types::getattro_slot(tp),
         crate::call::getattr::module_getattro as ffi::getattrofunc
     ) && crate::cpython::type_cache::type_lookup(tp, name).is_null()
 }

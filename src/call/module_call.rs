@@ -155,7 +155,10 @@ unsafe fn call_forward(
     // `resolve` found the instance dict quiet: the lookup below runs no code,
     // so the borrowed class attribute `descr` stays valid across it.
     let descr = type_lookup(tp, name);
-    let data_descr = !descr.is_null() && (*ffi::Py_TYPE(descr)).tp_descr_set.is_some();
+    let data_descr = !descr.is_null()
+        && crate::cpython::types::descr_slots(ffi::Py_TYPE(descr))
+            .1
+            .is_some();
     if !data_descr {
         let inst = ffi::PyDict_GetItemWithError(dict, name);
         if !inst.is_null() {
@@ -239,7 +242,7 @@ unsafe fn fast_call(
 #[inline(always)]
 pub unsafe fn call_one(child: *mut ffi::PyObject, input: *mut ffi::PyObject) -> *mut ffi::PyObject {
     let own = crate::call::slots::is_fn!(
-        (*ffi::Py_TYPE(child)).tp_call,
+        crate::cpython::types::call_slot(ffi::Py_TYPE(child)),
         module_call as ffi::ternaryfunc
     );
     if own {

@@ -18,6 +18,7 @@
 use crate::call::getattr::module_getattro;
 use crate::call::module_call::module_call;
 use crate::cpython::type_cache::type_lookup;
+use crate::cpython::types;
 use crate::torch_api::originals::{require, Globals};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -88,22 +89,29 @@ pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
         // nn.Module itself keeps CPython's slots (classes inherit them).
         return;
     }
-    if on(CALL) && !is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) && call_ok(g, tp) {
-        (*tp).tp_call = Some(module_call);
+    if on(CALL) && !is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc) && call_ok(g, tp)
+    {
+        types::set_call_slot(tp, Some(module_call));
     }
     if on(GETATTR)
-        && !is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc)
+        && !is_fn!(
+            types::getattro_slot(tp),
+            module_getattro as ffi::getattrofunc
+        )
         && getattr_ok(g, tp)
     {
-        (*tp).tp_getattro = Some(module_getattro);
+        types::set_getattro_slot(tp, Some(module_getattro));
     }
 }
 
 /// Which native paths `tp` uses now.
 pub unsafe fn current(g: &Globals, tp: *mut ffi::PyTypeObject) -> Installed {
     Installed {
-        call: is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc),
-        getattr: is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc),
+        call: is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc),
+        getattr: is_fn!(
+            types::getattro_slot(tp),
+            module_getattro as ffi::getattrofunc
+        ),
         setattr: on(REGISTRATION)
             && resolves_to(tp, g.names.dunder_setattr, g.orig.setattr)
             && resolves_to(tp, g.names.dunder_delattr, g.orig.delattr),
@@ -149,7 +157,12 @@ pub fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Ins
 /// a class whose `__call__`/`__getattr__` are nn.Module's Python functions
 /// they are what CPython computes.
 pub fn capture_generic(g: &Globals) {
-    let _ = GENERIC_SLOTS.set(unsafe { ((*g.nn_module).tp_call, (*g.nn_module).tp_getattro) });
+    let _ = GENERIC_SLOTS.set(unsafe {
+        (
+            types::call_slot(g.nn_module),
+            types::getattro_slot(g.nn_module),
+        )
+    });
 }
 
 static GENERIC_SLOTS: std::sync::OnceLock<(Option<ffi::ternaryfunc>, Option<ffi::getattrofunc>)> =
@@ -160,11 +173,14 @@ unsafe fn uninstall(tp: *mut ffi::PyTypeObject) {
     let Some(&(call, getattro)) = GENERIC_SLOTS.get() else {
         return;
     };
-    if is_fn!((*tp).tp_call, module_call as ffi::ternaryfunc) {
-        (*tp).tp_call = call;
+    if is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc) {
+        types::set_call_slot(tp, call);
     }
-    if is_fn!((*tp).tp_getattro, module_getattro as ffi::getattrofunc) {
-        (*tp).tp_getattro = getattro;
+    if is_fn!(
+        types::getattro_slot(tp),
+        module_getattro as ffi::getattrofunc
+    ) {
+        types::set_getattro_slot(tp, getattro);
     }
 }
 

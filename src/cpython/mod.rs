@@ -28,6 +28,7 @@ pub mod str_keys;
 pub mod strs;
 pub mod tracer;
 pub mod type_cache;
+pub mod types;
 pub mod validity;
 pub mod vectorcall;
 

@@ -60,7 +60,8 @@ pub unsafe fn plain_attr(
     let descr = type_lookup(tp, name);
     if !descr.is_null() {
         let dt = ffi::Py_TYPE(descr);
-        if (*dt).tp_descr_get.is_some() || (*dt).tp_descr_set.is_some() {
+        let (get, set) = crate::cpython::types::descr_slots(dt);
+        if get.is_some() || set.is_some() {
             return Plain::Unusual;
         }
     }
@@ -198,8 +199,8 @@ pub unsafe fn class_data_descr(
     name: *mut ffi::PyObject,
 ) -> Option<(*mut ffi::PyObject, ffi::descrgetfunc)> {
     // object's own slot, read from its type: both addresses are libpython's.
-    let generic = (*std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)).tp_getattro;
-    if (*tp).tp_getattro.map(|f| f as usize) != generic.map(|f| f as usize) {
+    let generic = crate::cpython::types::getattro_slot(crate::cpython::types::object_type());
+    if crate::cpython::types::getattro_slot(tp).map(|f| f as usize) != generic.map(|f| f as usize) {
         return None;
     }
     let descr = type_lookup(tp, name);
@@ -207,7 +208,7 @@ pub unsafe fn class_data_descr(
         return None;
     }
     let dt = ffi::Py_TYPE(descr);
-    match ((*dt).tp_descr_get, (*dt).tp_descr_set) {
+    match crate::cpython::types::descr_slots(dt) {
         (Some(get), Some(_)) => Some((descr, get)),
         _ => None,
     }

@@ -19,7 +19,7 @@ pub unsafe fn is_fast_instance(g: &Globals, obj: *mut ffi::PyObject) -> bool {
 /// Is `object` the only class after `torch.nn.Module` in `tp`'s MRO?
 #[inline(always)]
 pub unsafe fn object_after_nn_module(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
-    let mro = (*tp).tp_mro;
+    let mro = crate::cpython::types::mro(tp);
     if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
         return false;
     }

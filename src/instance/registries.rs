@@ -212,9 +212,10 @@ static HASH_KIND: HashKinds = HashKinds(std::cell::UnsafeCell::new(
 ));
 
 unsafe fn identity_hashed_uncached(tp: *mut ffi::PyTypeObject) -> bool {
-    let base = std::ptr::addr_of_mut!(ffi::PyBaseObject_Type);
-    if same_fn((*tp).tp_hash, (*base).tp_hash)
-        && same_fn((*tp).tp_richcompare, (*base).tp_richcompare)
+    use crate::cpython::types::{hash_slot, object_type, richcompare_slot};
+    let base = object_type();
+    if same_fn(hash_slot(tp), hash_slot(base))
+        && same_fn(richcompare_slot(tp), richcompare_slot(base))
     {
         return true;
     }

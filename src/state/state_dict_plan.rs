@@ -85,7 +85,7 @@ unsafe fn plain_detach(g: &Globals, t: *mut ffi::PyObject, detach: *mut ffi::PyO
     if tp != g.tensor && tp != g.parameter {
         return false;
     }
-    let base = (*g.tensor).tp_base;
+    let base = crate::cpython::types::base(g.tensor);
     let found = type_lookup(tp, detach);
     !base.is_null()
         && !found.is_null()
