@@ -8,17 +8,17 @@
 //! without touching either — the contents of the hook dicts, tracing state,
 //! the global hooks — are still read on every call. Pointers are borrowed: the
 //! unchanged dict/class keep them alive.
+use crate::cpython::capi;
 use crate::cpython::validity::{dict_version, Key};
-use pyo3::ffi;
 use std::cell::UnsafeCell;
 
 #[derive(Clone, Copy)]
 pub struct Entry {
     key: Key,
     /// The 4 per-module hook dicts, in `_call_impl`'s order.
-    pub hooks: [*mut ffi::PyObject; 4],
+    pub hooks: [*mut capi::PyObject; 4],
     /// The class's Python function `forward`.
-    pub forward: *mut ffi::PyObject,
+    pub forward: *mut capi::PyObject,
     /// What a native torch layer (`crate::call::layers`) read from the instance,
     /// valid with the entry (and `reg`'s version where `reg` is set).
     pub leaf: Leaf,
@@ -31,10 +31,10 @@ pub struct Entry {
 #[derive(Clone, Copy)]
 pub struct Leaf {
     pub kind: LeafKind,
-    pub reg: *mut ffi::PyObject,
+    pub reg: *mut capi::PyObject,
     pub reg_version: u64,
-    pub a: *mut ffi::PyObject,
-    pub b: *mut ffi::PyObject,
+    pub a: *mut capi::PyObject,
+    pub b: *mut capi::PyObject,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub const NO_LEAF: Leaf = Leaf {
 impl Leaf {
     /// The cached reads for `kind`, if still valid.
     #[inline(always)]
-    pub unsafe fn get(&self, kind: LeafKind) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+    pub unsafe fn get(&self, kind: LeafKind) -> Option<(*mut capi::PyObject, *mut capi::PyObject)> {
         if self.kind != kind {
             return None;
         }
@@ -83,7 +83,7 @@ unsafe impl Sync for Table {}
 static TABLE: Table = Table(UnsafeCell::new([[EMPTY; 2]; SETS]));
 
 #[inline(always)]
-fn index(dict: *mut ffi::PyObject) -> usize {
+fn index(dict: *mut capi::PyObject) -> usize {
     let a = dict as usize;
     ((a >> 4) ^ (a >> 14)) & (SETS - 1)
 }
@@ -92,7 +92,7 @@ fn index(dict: *mut ffi::PyObject) -> usize {
 /// pointer: a nested module call may overwrite the slot, so callers copy what
 /// they need before calling out.
 #[inline(always)]
-pub unsafe fn lookup(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<*mut Entry> {
+pub unsafe fn lookup(tp: *mut capi::PyTypeObject, dict: *mut capi::PyObject) -> Option<*mut Entry> {
     if dict.is_null() {
         return None;
     }
@@ -107,12 +107,12 @@ pub unsafe fn lookup(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Op
 /// a Python function, `_compiled_call_impl` None, hook dicts plain).
 #[inline(always)]
 pub unsafe fn store(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    hooks: [*mut ffi::PyObject; 4],
-    forward: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    hooks: [*mut capi::PyObject; 4],
+    forward: *mut capi::PyObject,
 ) -> *mut Entry {
-    if !crate::cpython::validity::caches_on() || ffi::PyDict_CheckExact(dict) == 0 {
+    if !crate::cpython::validity::caches_on() || capi::PyDict_CheckExact(dict) == 0 {
         return std::ptr::null_mut();
     }
     let Some(key) = Key::now(tp, dict) else {
@@ -136,7 +136,7 @@ pub unsafe fn store(
 /// Record a native layer's reads on `entry` (null: nothing to record), if the
 /// entry still describes `dict` at its current version.
 #[inline(always)]
-pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut ffi::PyObject, leaf: Leaf) {
+pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut capi::PyObject, leaf: Leaf) {
     if entry.is_null() {
         return;
     }

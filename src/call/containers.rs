@@ -9,12 +9,12 @@
 //! (`fastmodule.layers`) to read exactly these names; a call that is not
 //! `f(self)` on a fast instance whose `_modules` is a plain dict runs
 //! torch's function.
+use crate::cpython::capi;
 use crate::cpython::Owned;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
 use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::globals;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::OnceLock;
@@ -32,8 +32,8 @@ enum Body {
 }
 
 struct Entry {
-    func: *mut ffi::PyObject,
-    original: ffi::vectorcallfunc,
+    func: *mut capi::PyObject,
+    original: capi::vectorcallfunc,
     body: Body,
 }
 struct Entries(Vec<Entry>);
@@ -43,43 +43,43 @@ unsafe impl Sync for Entries {}
 static ENTRIES: OnceLock<Entries> = OnceLock::new();
 static MODULES: OnceLock<usize> = OnceLock::new();
 
-unsafe fn run(body: Body, d: *mut ffi::PyObject) -> *mut ffi::PyObject {
+unsafe fn run(body: Body, d: *mut capi::PyObject) -> *mut capi::PyObject {
     match body {
-        Body::IterKeys => ffi::PyObject_GetIter(d),
-        Body::Len => ffi::PyLong_FromSsize_t(ffi::PyDict_Size(d)),
+        Body::IterKeys => capi::PyObject_GetIter(d),
+        Body::Len => capi::PyLong_FromSsize_t(capi::PyDict_Size(d)),
         Body::IterValues => {
-            let v = ffi::PyObject_CallMethod(d, c"values".as_ptr(), std::ptr::null());
+            let v = capi::PyObject_CallMethod(d, c"values".as_ptr(), std::ptr::null());
             if v.is_null() {
                 return v;
             }
-            let it = ffi::PyObject_GetIter(v);
-            ffi::Py_DECREF(v);
+            let it = capi::PyObject_GetIter(v);
+            capi::Py_DECREF(v);
             it
         }
-        Body::View(name) => ffi::PyObject_CallMethod(d, name.as_ptr(), std::ptr::null()),
+        Body::View(name) => capi::PyObject_CallMethod(d, name.as_ptr(), std::ptr::null()),
     }
 }
 
 unsafe extern "C" fn served(
-    callable: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    callable: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargsf: usize,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    kwnames: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let (Some(entries), Some(&modules)) = (ENTRIES.get(), MODULES.get()) else {
         return crate::torch_api::errors::not_initialised();
     };
     let Some(e) = entries.0.iter().find(|e| e.func == callable) else {
         return crate::torch_api::errors::not_initialised();
     };
-    let nargs = ffi::PyVectorcall_NARGS(nargsf);
-    let no_kw = kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0;
+    let nargs = capi::PyVectorcall_NARGS(nargsf);
+    let no_kw = kwnames.is_null() || capi::PyTuple_GET_SIZE(kwnames) == 0;
     if let Some(g) = globals() {
         if nargs == 1 && no_kw && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
             let slf = *args;
-            let name = modules as *mut ffi::PyObject;
-            match plain_attr(ffi::Py_TYPE(slf), instance_dict(slf), name) {
-                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+            let name = modules as *mut capi::PyObject;
+            match plain_attr(capi::Py_TYPE(slf), instance_dict(slf), name) {
+                Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => {
                     // Held while the body allocates (on 3.11 a collection
                     // may then run a finalizer that drops it from the module).
                     let d = Owned::from_borrowed(std::ptr::NonNull::new_unchecked(d));
@@ -114,10 +114,10 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         let Some(f) = config.get_item(name)? else {
             continue;
         };
-        if unsafe { ffi::PyFunction_Check(f.as_ptr()) } == 0 {
+        if unsafe { capi::PyFunction_Check(f.as_ptr()) } == 0 {
             continue;
         }
-        let func = f.as_ptr() as *mut ffi::PyFunctionObject;
+        let func = f.as_ptr() as *mut capi::PyFunctionObject;
         let Some(original) = (unsafe { crate::cpython::vectorcall::vectorcall_of(func) }) else {
             return Err(PyRuntimeError::new_err(
                 "torch container method has no vectorcall",
@@ -130,11 +130,11 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         });
     }
     let _ = MODULES.set(pyo3::types::PyString::intern(py, "_modules").into_ptr() as usize);
-    let funcs: Vec<*mut ffi::PyObject> = entries.iter().map(|e| e.func).collect();
+    let funcs: Vec<*mut capi::PyObject> = entries.iter().map(|e| e.func).collect();
     let _ = ENTRIES.set(Entries(entries));
     for f in funcs {
         unsafe {
-            crate::cpython::vectorcall::set_vectorcall(f as *mut ffi::PyFunctionObject, served)
+            crate::cpython::vectorcall::set_vectorcall(f as *mut capi::PyFunctionObject, served)
         };
     }
     Ok(())

@@ -2,16 +2,16 @@
 //! `nn.Module.__getattr__`'s registry lookup (`_parameters`, `_buffers`,
 //! `_modules`, in that order) without a Python frame and without building the
 //! AttributeError that the failed normal lookup would raise on 3.11.
+use crate::cpython::capi;
 use crate::cpython::private_api::_PyObject_GenericGetAttrWithDict;
 use crate::cpython::quiet;
 use crate::instance::attributes::{dict_get, instance_dict};
 use crate::torch_api::errors::{no_attribute, not_initialised};
 use crate::torch_api::originals::{globals, Globals};
-use pyo3::ffi;
 
 pub enum Reg {
     /// Borrowed value from one of the registries.
-    Found(*mut ffi::PyObject),
+    Found(*mut capi::PyObject),
     Missing,
     /// A registry that is not an exact dict: let torch's `__getattr__` answer.
     Unusual,
@@ -23,8 +23,12 @@ pub enum Reg {
 /// then no lookup runs code and the borrowed results stay valid. Anything
 /// else is Unusual: torch's `__getattr__` runs, with its own lookups.
 #[inline(always)]
-pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Reg {
-    if ffi::PyUnicode_CheckExact(name) == 0 {
+pub unsafe fn registry_get(
+    g: &Globals,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> Reg {
+    if capi::PyUnicode_CheckExact(name) == 0 {
         return Reg::Unusual;
     }
     let dict = instance_dict(obj);
@@ -38,7 +42,7 @@ pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi:
     for key in [n.parameters, n.buffers, n.modules] {
         let reg = dict_get(dict, key);
         if reg.is_null() {
-            if !ffi::PyErr_Occurred().is_null() {
+            if !capi::PyErr_Occurred().is_null() {
                 return Reg::Error;
             }
             continue;
@@ -46,11 +50,11 @@ pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi:
         if !quiet::dict(reg) {
             return Reg::Unusual;
         }
-        let v = ffi::PyDict_GetItemWithError(reg, name);
+        let v = capi::PyDict_GetItemWithError(reg, name);
         if !v.is_null() {
             return Reg::Found(v);
         }
-        if !ffi::PyErr_Occurred().is_null() {
+        if !capi::PyErr_Occurred().is_null() {
             return Reg::Error;
         }
     }
@@ -59,15 +63,15 @@ pub unsafe fn registry_get(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi:
 
 /// The `tp_getattro` slot.
 pub unsafe extern "C" fn module_getattro(
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    if ffi::PyUnicode_Check(name) == 0 {
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    if capi::PyUnicode_Check(name) == 0 {
         // object.__getattribute__ raises the stock TypeError.
-        return ffi::PyObject_GenericGetAttr(obj, name);
+        return capi::PyObject_GenericGetAttr(obj, name);
     }
     let r = _PyObject_GenericGetAttrWithDict(obj, name, std::ptr::null_mut(), 1);
-    if !r.is_null() || !ffi::PyErr_Occurred().is_null() {
+    if !r.is_null() || !capi::PyErr_Occurred().is_null() {
         return r;
     }
     let Some(g) = globals() else {
@@ -81,15 +85,15 @@ pub unsafe extern "C" fn module_getattro(
     };
     match reg {
         Reg::Found(v) => {
-            ffi::Py_INCREF(v);
+            capi::Py_INCREF(v);
             v
         }
         Reg::Missing => no_attribute(g, obj, name),
-        Reg::Unusual => ffi::PyObject_CallFunctionObjArgs(
+        Reg::Unusual => capi::PyObject_CallFunctionObjArgs(
             g.orig.getattr,
             obj,
             name,
-            std::ptr::null_mut::<ffi::PyObject>(),
+            std::ptr::null_mut::<capi::PyObject>(),
         ),
         Reg::Error => std::ptr::null_mut(),
     }
@@ -98,20 +102,20 @@ pub unsafe extern "C" fn module_getattro(
 /// `hasattr(obj, name)`: Ok(bool), or Err(()) with an exception set.
 pub unsafe fn has_attr(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> Result<bool, ()> {
     let own = crate::call::slots::is_fn!(
-        crate::cpython::types::getattro_slot(ffi::Py_TYPE(obj)),
-        module_getattro as ffi::getattrofunc
+        crate::cpython::types::getattro_slot(capi::Py_TYPE(obj)),
+        module_getattro as capi::getattrofunc
     );
-    if own && ffi::PyUnicode_Check(name) != 0 {
+    if own && capi::PyUnicode_Check(name) != 0 {
         let r = _PyObject_GenericGetAttrWithDict(obj, name, std::ptr::null_mut(), 1);
         if !r.is_null() {
-            ffi::Py_DECREF(r);
+            capi::Py_DECREF(r);
             return Ok(true);
         }
-        if !ffi::PyErr_Occurred().is_null() {
+        if !capi::PyErr_Occurred().is_null() {
             return Err(());
         }
         return match registry_get(g, obj, name) {
@@ -120,17 +124,17 @@ pub unsafe fn has_attr(
             Reg::Error => Err(()),
             Reg::Unusual => {
                 // torch's own __getattr__ decides; only AttributeError means "no".
-                let v = ffi::PyObject_CallFunctionObjArgs(
+                let v = capi::PyObject_CallFunctionObjArgs(
                     g.orig.getattr,
                     obj,
                     name,
-                    std::ptr::null_mut::<ffi::PyObject>(),
+                    std::ptr::null_mut::<capi::PyObject>(),
                 );
                 if !v.is_null() {
-                    ffi::Py_DECREF(v);
+                    capi::Py_DECREF(v);
                     Ok(true)
-                } else if ffi::PyErr_ExceptionMatches(ffi::PyExc_AttributeError) != 0 {
-                    ffi::PyErr_Clear();
+                } else if capi::PyErr_ExceptionMatches(capi::PyExc_AttributeError) != 0 {
+                    capi::PyErr_Clear();
                     Ok(false)
                 } else {
                     Err(())
@@ -146,13 +150,13 @@ pub unsafe fn has_attr(
 /// None means "run torch's function".
 pub unsafe fn getattr_native(
     g: &Globals,
-    slf: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> Option<*mut ffi::PyObject> {
-    crate::call::slots::rearm(g, ffi::Py_TYPE(slf));
+    slf: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
+    crate::call::slots::rearm(g, capi::Py_TYPE(slf));
     match registry_get(g, slf, name) {
         Reg::Found(v) => {
-            ffi::Py_INCREF(v);
+            capi::Py_INCREF(v);
             Some(v)
         }
         Reg::Missing => Some(no_attribute(g, slf, name)),

@@ -12,49 +12,49 @@
 //! (`fastmodule.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
 use crate::call::call_cache::{set_leaf, Entry, Leaf, LeafKind};
+use crate::cpython::capi;
 use crate::cpython::quiet;
 use crate::cpython::validity::dict_version;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::OnceLock;
 
 struct Leaves {
-    sequential_forward: *mut ffi::PyObject,
-    sequential_iter: *mut ffi::PyObject,
-    linear_forward: *mut ffi::PyObject,
-    relu_forward: *mut ffi::PyObject,
+    sequential_forward: *mut capi::PyObject,
+    sequential_iter: *mut capi::PyObject,
+    linear_forward: *mut capi::PyObject,
+    relu_forward: *mut capi::PyObject,
     /// `torch.nn.functional` and its module dict.
-    functional: *mut ffi::PyObject,
-    functional_dict: *mut ffi::PyObject,
+    functional: *mut capi::PyObject,
+    functional_dict: *mut capi::PyObject,
     /// The globals of `torch.nn.modules.linear` / `.activation`.
-    linear_globals: *mut ffi::PyObject,
-    activation_globals: *mut ffi::PyObject,
-    f_linear: *mut ffi::PyObject,
-    f_relu: *mut ffi::PyObject,
-    f_relu_globals: *mut ffi::PyObject,
-    torch: *mut ffi::PyObject,
-    torch_dict: *mut ffi::PyObject,
-    torch_relu: *mut ffi::PyObject,
-    torch_relu_: *mut ffi::PyObject,
-    has_torch_function_unary: *mut ffi::PyObject,
+    linear_globals: *mut capi::PyObject,
+    activation_globals: *mut capi::PyObject,
+    f_linear: *mut capi::PyObject,
+    f_relu: *mut capi::PyObject,
+    f_relu_globals: *mut capi::PyObject,
+    torch: *mut capi::PyObject,
+    torch_dict: *mut capi::PyObject,
+    torch_relu: *mut capi::PyObject,
+    torch_relu_: *mut capi::PyObject,
+    has_torch_function_unary: *mut capi::PyObject,
     names: Names,
 }
 
 struct Names {
-    f: *mut ffi::PyObject,
-    linear: *mut ffi::PyObject,
-    relu: *mut ffi::PyObject,
-    relu_: *mut ffi::PyObject,
-    torch: *mut ffi::PyObject,
-    has_tf_unary: *mut ffi::PyObject,
-    weight: *mut ffi::PyObject,
-    bias: *mut ffi::PyObject,
-    inplace: *mut ffi::PyObject,
-    modules: *mut ffi::PyObject,
-    parameters: *mut ffi::PyObject,
-    iter: *mut ffi::PyObject,
+    f: *mut capi::PyObject,
+    linear: *mut capi::PyObject,
+    relu: *mut capi::PyObject,
+    relu_: *mut capi::PyObject,
+    torch: *mut capi::PyObject,
+    has_tf_unary: *mut capi::PyObject,
+    weight: *mut capi::PyObject,
+    bias: *mut capi::PyObject,
+    inplace: *mut capi::PyObject,
+    modules: *mut capi::PyObject,
+    parameters: *mut capi::PyObject,
+    iter: *mut capi::PyObject,
 }
 
 // SAFETY: strong references kept for the life of the process, read with the GIL.
@@ -76,7 +76,7 @@ impl<const N: usize> Checked<N> {
 
     /// `check()` unless `dicts` are all at the versions of its last success.
     #[inline(always)]
-    unsafe fn pass(&self, dicts: [*mut ffi::PyObject; N], check: impl FnOnce() -> bool) -> bool {
+    unsafe fn pass(&self, dicts: [*mut capi::PyObject; N], check: impl FnOnce() -> bool) -> bool {
         if !crate::cpython::validity::caches_on() {
             return check();
         }
@@ -97,7 +97,7 @@ static RELU_GLOBALS: Checked<4> = Checked::new();
 
 /// `config`: see `fastmodule.layers`.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
-    let get = |k: &str| -> PyResult<*mut ffi::PyObject> {
+    let get = |k: &str| -> PyResult<*mut capi::PyObject> {
         Ok(config
             .get_item(k)?
             .ok_or_else(|| {
@@ -145,13 +145,13 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
 /// `d[key] is want` for a module dict; false (torch's function runs) unless
 /// the dict is quiet, so the lookup runs no code and cannot fail.
 #[inline(always)]
-unsafe fn is(d: *mut ffi::PyObject, key: *mut ffi::PyObject, want: *mut ffi::PyObject) -> bool {
+unsafe fn is(d: *mut capi::PyObject, key: *mut capi::PyObject, want: *mut capi::PyObject) -> bool {
     if !quiet::dict(d) {
         return false;
     }
-    let v = ffi::PyDict_GetItemWithError(d, key);
+    let v = capi::PyDict_GetItemWithError(d, key);
     if v.is_null() {
-        ffi::PyErr_Clear();
+        capi::PyErr_Clear();
         return false;
     }
     v == want
@@ -161,11 +161,11 @@ unsafe fn is(d: *mut ffi::PyObject, key: *mut ffi::PyObject, want: *mut ffi::PyO
 /// it is not one served here (the caller then calls `func`).
 #[inline(always)]
 pub unsafe fn forward(
-    func: *mut ffi::PyObject,
-    slf: *mut ffi::PyObject,
-    input: *mut ffi::PyObject,
+    func: *mut capi::PyObject,
+    slf: *mut capi::PyObject,
+    input: *mut capi::PyObject,
     entry: *mut Entry,
-) -> Option<*mut ffi::PyObject> {
+) -> Option<*mut capi::PyObject> {
     let l = LEAVES.get()?;
     if func == l.linear_forward {
         linear(l, slf, input, entry)
@@ -183,7 +183,7 @@ pub unsafe fn forward(
 unsafe fn cached(
     entry: *mut Entry,
     kind: LeafKind,
-) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+) -> Option<(*mut capi::PyObject, *mut capi::PyObject)> {
     if entry.is_null() {
         return None;
     }
@@ -195,20 +195,23 @@ unsafe fn cached(
 /// `nn.Module.__getattr__`'s registry lookup? `dict` must be quiet.
 #[inline(always)]
 unsafe fn registry_only(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> bool {
-    own_getattro_no_class_attr(tp, name) && ffi::PyDict_Contains(dict, name) == 0
+    own_getattro_no_class_attr(tp, name) && capi::PyDict_Contains(dict, name) == 0
 }
 
 /// fastmodule's `tp_getattro`, and no class attribute `name`: `obj.<name>` is
 /// the instance attribute if there is one, else the registry lookup.
 #[inline(always)]
-unsafe fn own_getattro_no_class_attr(tp: *mut ffi::PyTypeObject, name: *mut ffi::PyObject) -> bool {
+unsafe fn own_getattro_no_class_attr(
+    tp: *mut capi::PyTypeObject,
+    name: *mut capi::PyObject,
+) -> bool {
     crate::call::slots::is_fn!(
         crate::cpython::types::getattro_slot(tp),
-        crate::call::getattr::module_getattro as ffi::getattrofunc
+        crate::call::getattr::module_getattro as capi::getattrofunc
     ) && crate::cpython::type_cache::type_lookup(tp, name).is_null()
 }
 
@@ -216,24 +219,24 @@ unsafe fn own_getattro_no_class_attr(tp: *mut ffi::PyTypeObject, name: *mut ffi:
 /// instance attribute (no class attribute of that name, fastmodule's
 /// `tp_getattro`).
 unsafe fn remember_plain(
-    slf: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
     entry: *mut Entry,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
     kind: LeafKind,
 ) {
     if entry.is_null() {
         return;
     }
-    let tp = ffi::Py_TYPE(slf);
+    let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     // Only quiet dicts: the lookups below then run no code.
     if dict.is_null() || !quiet::dict(dict) || !own_getattro_no_class_attr(tp, name) {
         return;
     }
-    let v = ffi::PyDict_GetItemWithError(dict, name);
+    let v = capi::PyDict_GetItemWithError(dict, name);
     if v != value {
-        ffi::PyErr_Clear();
+        capi::PyErr_Clear();
         return;
     }
     let leaf = Leaf {
@@ -250,16 +253,16 @@ unsafe fn remember_plain(
 /// when both come straight from an exact `_parameters` dict.
 unsafe fn remember_linear(
     l: &Leaves,
-    slf: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
     entry: *mut Entry,
-    w: *mut ffi::PyObject,
-    b: *mut ffi::PyObject,
+    w: *mut capi::PyObject,
+    b: *mut capi::PyObject,
 ) {
     if entry.is_null() {
         return;
     }
     let n = &l.names;
-    let tp = ffi::Py_TYPE(slf);
+    let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     // Only quiet dicts (the instance dict and `_parameters`): no lookup below
     // runs code, so what one read stays true for the next and for the entry.
@@ -273,15 +276,15 @@ unsafe fn remember_linear(
     let reg = match plain_attr(tp, dict, n.parameters) {
         Plain::Found(d) if quiet::dict(d) => d,
         Plain::Error => {
-            ffi::PyErr_Clear();
+            capi::PyErr_Clear();
             return;
         }
         _ => return,
     };
-    if ffi::PyDict_GetItemWithError(reg, n.weight) != w
-        || ffi::PyDict_GetItemWithError(reg, n.bias) != b
+    if capi::PyDict_GetItemWithError(reg, n.weight) != w
+        || capi::PyDict_GetItemWithError(reg, n.bias) != b
     {
-        ffi::PyErr_Clear();
+        capi::PyErr_Clear();
         return;
     }
     let leaf = Leaf {
@@ -297,10 +300,10 @@ unsafe fn remember_linear(
 /// `F.linear(input, self.weight, self.bias)`.
 unsafe fn linear(
     l: &Leaves,
-    slf: *mut ffi::PyObject,
-    input: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
+    input: *mut capi::PyObject,
     entry: *mut Entry,
-) -> Option<*mut ffi::PyObject> {
+) -> Option<*mut capi::PyObject> {
     let n = &l.names;
     let ok = LINEAR_GLOBALS.pass([l.linear_globals, l.functional_dict], || {
         is(l.linear_globals, n.f, l.functional) && is(l.functional_dict, n.linear, l.f_linear)
@@ -312,18 +315,18 @@ unsafe fn linear(
         // Borrowed from the unchanged `_parameters`; held across the call as
         // torch's frame would hold them.
         Some((w, b)) => {
-            ffi::Py_INCREF(w);
-            ffi::Py_INCREF(b);
+            capi::Py_INCREF(w);
+            capi::Py_INCREF(b);
             (w, b)
         }
         None => {
-            let w = ffi::PyObject_GetAttr(slf, n.weight);
+            let w = capi::PyObject_GetAttr(slf, n.weight);
             if w.is_null() {
                 return Some(w);
             }
-            let b = ffi::PyObject_GetAttr(slf, n.bias);
+            let b = capi::PyObject_GetAttr(slf, n.bias);
             if b.is_null() {
-                ffi::Py_DECREF(w);
+                capi::Py_DECREF(w);
                 return Some(b);
             }
             remember_linear(l, slf, entry, w, b);
@@ -331,19 +334,19 @@ unsafe fn linear(
         }
     };
     let args = [input, weight, bias];
-    let r = ffi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
-    ffi::Py_DECREF(weight);
-    ffi::Py_DECREF(bias);
+    let r = capi::PyObject_Vectorcall(l.f_linear, args.as_ptr(), 3, std::ptr::null_mut());
+    capi::Py_DECREF(weight);
+    capi::Py_DECREF(bias);
     Some(r)
 }
 
 /// `F.relu(input, inplace=self.inplace)`, with `F.relu`'s body.
 unsafe fn relu(
     l: &Leaves,
-    slf: *mut ffi::PyObject,
-    input: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
+    input: *mut capi::PyObject,
     entry: *mut Entry,
-) -> Option<*mut ffi::PyObject> {
+) -> Option<*mut capi::PyObject> {
     let n = &l.names;
     let dicts = [
         l.activation_globals,
@@ -364,11 +367,11 @@ unsafe fn relu(
     }
     let inplace = match cached(entry, LeafKind::Relu) {
         Some((v, _)) => {
-            ffi::Py_INCREF(v);
+            capi::Py_INCREF(v);
             v
         }
         None => {
-            let v = ffi::PyObject_GetAttr(slf, n.inplace);
+            let v = capi::PyObject_GetAttr(slf, n.inplace);
             if v.is_null() {
                 return Some(v);
             }
@@ -377,38 +380,38 @@ unsafe fn relu(
         }
     };
     let r = relu_body(l, input, inplace);
-    ffi::Py_DECREF(inplace);
+    capi::Py_DECREF(inplace);
     Some(r)
 }
 
 unsafe fn relu_body(
     l: &Leaves,
-    input: *mut ffi::PyObject,
-    inplace: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let has = ffi::PyObject_CallOneArg(l.has_torch_function_unary, input);
+    input: *mut capi::PyObject,
+    inplace: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let has = capi::PyObject_CallOneArg(l.has_torch_function_unary, input);
     if has.is_null() {
         return has;
     }
-    let truth = ffi::PyObject_IsTrue(has);
-    ffi::Py_DECREF(has);
+    let truth = capi::PyObject_IsTrue(has);
+    capi::Py_DECREF(has);
     if truth < 0 {
         return std::ptr::null_mut();
     }
     if truth == 1 {
         // torch's own F.relu handles __torch_function__.
         let args = [input, inplace];
-        let kw = ffi::PyTuple_Pack(1, l.names.inplace);
+        let kw = capi::PyTuple_Pack(1, l.names.inplace);
         if kw.is_null() {
             return kw;
         }
-        let r = ffi::PyObject_Vectorcall(l.f_relu, args.as_ptr(), 1, kw);
-        ffi::Py_DECREF(kw);
+        let r = capi::PyObject_Vectorcall(l.f_relu, args.as_ptr(), 1, kw);
+        capi::Py_DECREF(kw);
         return r;
     }
-    match ffi::PyObject_IsTrue(inplace) {
-        1 => ffi::PyObject_CallOneArg(l.torch_relu_, input),
-        0 => ffi::PyObject_CallOneArg(l.torch_relu, input),
+    match capi::PyObject_IsTrue(inplace) {
+        1 => capi::PyObject_CallOneArg(l.torch_relu_, input),
+        0 => capi::PyObject_CallOneArg(l.torch_relu, input),
         _ => std::ptr::null_mut(),
     }
 }
@@ -417,22 +420,22 @@ unsafe fn relu_body(
 /// torch's `iter(self._modules.values())`.
 unsafe fn sequential(
     l: &Leaves,
-    slf: *mut ffi::PyObject,
-    input: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
+    input: *mut capi::PyObject,
     entry: *mut Entry,
-) -> Option<*mut ffi::PyObject> {
+) -> Option<*mut capi::PyObject> {
     // The class (`__iter__`) and the instance dict (`_modules`) are what the
     // entry was validated against.
     let modules = match cached(entry, LeafKind::Sequential) {
         Some((d, _)) => d,
         None => {
-            let tp = ffi::Py_TYPE(slf);
+            let tp = capi::Py_TYPE(slf);
             if crate::cpython::type_cache::type_lookup(tp, l.names.iter) != l.sequential_iter {
                 return None;
             }
             let dict = instance_dict(slf);
             let d = match plain_attr(tp, dict, l.names.modules) {
-                Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => d,
+                Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => d,
                 Plain::Error => return Some(std::ptr::null_mut()),
                 _ => return None,
             };
@@ -450,57 +453,57 @@ unsafe fn sequential(
         }
     };
     // Held for the loop, as torch's frame holds `self._modules`.
-    ffi::Py_INCREF(modules);
+    capi::Py_INCREF(modules);
     // Nested containers recurse natively: count them as torch's frames would.
-    if ffi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) != 0 {
-        ffi::Py_DECREF(modules);
+    if capi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) != 0 {
+        capi::Py_DECREF(modules);
         return Some(std::ptr::null_mut());
     }
     let r = sequential_loop(modules, input);
-    ffi::Py_LeaveRecursiveCall();
-    ffi::Py_DECREF(modules);
+    capi::Py_LeaveRecursiveCall();
+    capi::Py_DECREF(modules);
     Some(r)
 }
 
 unsafe fn sequential_loop(
-    modules: *mut ffi::PyObject,
-    input: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    modules: *mut capi::PyObject,
+    input: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     // `iter(self._modules.values())` with the dict iterator's checks (those
     // of `Items::next`), on borrowed pointers: each module is held only for
     // its own call, as the iterator hands it over.
     let used = crate::cpython::dicts::used(modules);
-    let mut pos: ffi::Py_ssize_t = 0;
+    let mut pos: capi::Py_ssize_t = 0;
     let mut left = used;
-    ffi::Py_INCREF(input);
+    capi::Py_INCREF(input);
     let mut x = input;
     loop {
         if crate::cpython::dicts::used(modules) != used {
-            ffi::Py_DECREF(x);
-            ffi::PyErr_SetString(
-                ffi::PyExc_RuntimeError,
+            capi::Py_DECREF(x);
+            capi::PyErr_SetString(
+                capi::PyExc_RuntimeError,
                 c"dictionary changed size during iteration".as_ptr(),
             );
             return std::ptr::null_mut();
         }
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        if used == 0 || ffi::PyDict_Next(modules, &mut pos, &mut k, &mut v) == 0 {
+        let mut k: *mut capi::PyObject = std::ptr::null_mut();
+        let mut v: *mut capi::PyObject = std::ptr::null_mut();
+        if used == 0 || capi::PyDict_Next(modules, &mut pos, &mut k, &mut v) == 0 {
             return x;
         }
         if left == 0 {
-            ffi::Py_DECREF(x);
-            ffi::PyErr_SetString(
-                ffi::PyExc_RuntimeError,
+            capi::Py_DECREF(x);
+            capi::PyErr_SetString(
+                capi::PyExc_RuntimeError,
                 c"dictionary keys changed during iteration".as_ptr(),
             );
             return std::ptr::null_mut();
         }
         left -= 1;
-        ffi::Py_INCREF(v);
+        capi::Py_INCREF(v);
         let r = crate::call::module_call::call_one(v, x);
-        ffi::Py_DECREF(v);
-        ffi::Py_DECREF(x);
+        capi::Py_DECREF(v);
+        capi::Py_DECREF(x);
         if r.is_null() {
             return r;
         }

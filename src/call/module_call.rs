@@ -10,13 +10,13 @@
 //! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
 //! slot was reset by a patch of `nn.Module.__call__`, or when code calls
 //! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
+use crate::cpython::capi;
 use crate::cpython::private_api::custom_eval_frame;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{call_with_self, instance_dict, plain_attr, Plain};
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::jit_tracing::is_tracing;
 use crate::torch_api::originals::{globals, Globals};
-use pyo3::ffi;
 
 enum Decision {
     Forward,
@@ -25,12 +25,12 @@ enum Decision {
 }
 
 #[inline(always)]
-unsafe fn empty_hooks(h: *mut ffi::PyObject, g: &Globals) -> bool {
+unsafe fn empty_hooks(h: *mut capi::PyObject, g: &Globals) -> bool {
     matches!(hook_dict_len(h, g.odict), Some(0))
 }
 
 /// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
-type Hooks = [*mut ffi::PyObject; 4];
+type Hooks = [*mut capi::PyObject; 4];
 
 /// What depends only on the instance `__dict__` and the class (so the call
 /// cache may remember it): the class runs torch's `_call_impl` and
@@ -41,8 +41,8 @@ type Hooks = [*mut ffi::PyObject; 4];
 #[inline(always)]
 unsafe fn resolve(
     g: &Globals,
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
 ) -> Result<Hooks, Decision> {
     if dict.is_null() {
         return Err(Decision::Stock);
@@ -54,7 +54,7 @@ unsafe fn resolve(
         return Err(Decision::Stock);
     }
     match plain_attr(tp, dict, n.compiled_call_impl) {
-        Plain::Found(v) if v == ffi::Py_None() => {}
+        Plain::Found(v) if v == capi::Py_None() => {}
         Plain::Error => return Err(Decision::Error),
         _ => return Err(Decision::Stock),
     }
@@ -98,45 +98,45 @@ unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
 #[derive(Clone, Copy)]
 enum Args {
     /// `tp_call`: self separately, an args tuple and a kwargs dict (or null).
-    Tuple(*mut ffi::PyObject, *mut ffi::PyObject),
+    Tuple(*mut capi::PyObject, *mut capi::PyObject),
     /// vectorcall of `_wrapped_call_impl`: `args[0]` is self.
-    Vector(*const *mut ffi::PyObject, usize, *mut ffi::PyObject),
+    Vector(*const *mut capi::PyObject, usize, *mut capi::PyObject),
 }
 
 impl Args {
     /// `func(self, *args, **kwargs)`.
     unsafe fn call_with_self(
         self,
-        func: *mut ffi::PyObject,
-        slf: *mut ffi::PyObject,
-    ) -> *mut ffi::PyObject {
+        func: *mut capi::PyObject,
+        slf: *mut capi::PyObject,
+    ) -> *mut capi::PyObject {
         match self {
             Args::Tuple(a, k) => call_with_self(func, slf, a, k),
-            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v, n, kw),
+            Args::Vector(v, n, kw) => capi::PyObject_Vectorcall(func, v, n, kw),
         }
     }
     /// The only argument of a call with one positional argument and no
     /// keywords.
     #[inline(always)]
-    unsafe fn single(self) -> Option<*mut ffi::PyObject> {
+    unsafe fn single(self) -> Option<*mut capi::PyObject> {
         match self {
             Args::Tuple(a, k) => {
-                let no_kw = k.is_null() || ffi::PyDict_Size(k) == 0;
-                (no_kw && ffi::PyTuple_GET_SIZE(a) == 1).then(|| ffi::PyTuple_GET_ITEM(a, 0))
+                let no_kw = k.is_null() || capi::PyDict_Size(k) == 0;
+                (no_kw && capi::PyTuple_GET_SIZE(a) == 1).then(|| capi::PyTuple_GET_ITEM(a, 0))
             }
             Args::Vector(v, n, kw) => {
-                let no_kw = kw.is_null() || ffi::PyTuple_GET_SIZE(kw) == 0;
+                let no_kw = kw.is_null() || capi::PyTuple_GET_SIZE(kw) == 0;
                 (no_kw && n == 2).then(|| *v.add(1))
             }
         }
     }
 
     /// `func(*args, **kwargs)`.
-    unsafe fn call(self, func: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    unsafe fn call(self, func: *mut capi::PyObject) -> *mut capi::PyObject {
         match self {
-            Args::Tuple(a, k) => ffi::PyObject_Call(func, a, k),
+            Args::Tuple(a, k) => capi::PyObject_Call(func, a, k),
             // No PY_VECTORCALL_ARGUMENTS_OFFSET: the array is our caller's.
-            Args::Vector(v, n, kw) => ffi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
+            Args::Vector(v, n, kw) => capi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
         }
     }
 }
@@ -145,42 +145,42 @@ impl Args {
 /// `object.__getattribute__` would, but without creating a bound method.
 unsafe fn call_forward(
     g: &Globals,
-    slf: *mut ffi::PyObject,
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
     args: Args,
     hooks: &Hooks,
-) -> *mut ffi::PyObject {
+) -> *mut capi::PyObject {
     let name = g.names.forward;
     // `resolve` found the instance dict quiet: the lookup below runs no code,
     // so the borrowed class attribute `descr` stays valid across it.
     let descr = type_lookup(tp, name);
     let data_descr = !descr.is_null()
-        && crate::cpython::types::descr_slots(ffi::Py_TYPE(descr))
+        && crate::cpython::types::descr_slots(capi::Py_TYPE(descr))
             .1
             .is_some();
     if !data_descr {
-        let inst = ffi::PyDict_GetItemWithError(dict, name);
+        let inst = capi::PyDict_GetItemWithError(dict, name);
         if !inst.is_null() {
-            ffi::Py_INCREF(inst);
+            capi::Py_INCREF(inst);
             let r = args.call(inst);
-            ffi::Py_DECREF(inst);
+            capi::Py_DECREF(inst);
             return r;
         }
-        if !ffi::PyErr_Occurred().is_null() {
+        if !capi::PyErr_Occurred().is_null() {
             return std::ptr::null_mut();
         }
-        if !descr.is_null() && ffi::PyFunction_Check(descr) != 0 {
+        if !descr.is_null() && capi::PyFunction_Check(descr) != 0 {
             let entry = crate::call::call_cache::store(tp, dict, *hooks, descr);
             return call_function(descr, slf, args, entry);
         }
     }
-    let f = ffi::PyObject_GetAttr(slf, name);
+    let f = capi::PyObject_GetAttr(slf, name);
     if f.is_null() {
         return f;
     }
     let r = args.call(f);
-    ffi::Py_DECREF(f);
+    capi::Py_DECREF(f);
     r
 }
 
@@ -188,11 +188,11 @@ unsafe fn call_forward(
 /// `entry` (or null) is the call cache's entry for `slf`, just validated.
 #[inline(always)]
 unsafe fn call_function(
-    func: *mut ffi::PyObject,
-    slf: *mut ffi::PyObject,
+    func: *mut capi::PyObject,
+    slf: *mut capi::PyObject,
     args: Args,
     entry: *mut crate::call::call_cache::Entry,
-) -> *mut ffi::PyObject {
+) -> *mut capi::PyObject {
     // torch's own Sequential/Linear/ReLU forward, without its frame.
     if let Some(input) = args.single() {
         if let Some(r) = crate::call::layers::forward(func, slf, input, entry) {
@@ -201,9 +201,9 @@ unsafe fn call_function(
     }
     // Keep the function alive even if the class attribute is replaced
     // during the call.
-    ffi::Py_INCREF(func);
+    capi::Py_INCREF(func);
     let r = args.call_with_self(func, slf);
-    ffi::Py_DECREF(func);
+    capi::Py_DECREF(func);
     r
 }
 
@@ -211,10 +211,10 @@ unsafe fn call_function(
 #[inline(always)]
 unsafe fn fast_call(
     g: &Globals,
-    slf: *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
     args: Args,
-) -> Option<*mut ffi::PyObject> {
-    let tp = ffi::Py_TYPE(slf);
+) -> Option<*mut capi::PyObject> {
+    let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     if let Some(e) = crate::call::call_cache::lookup(tp, dict) {
         let (hooks, forward) = ((*e).hooks, (*e).forward);
@@ -240,10 +240,13 @@ unsafe fn fast_call(
 /// `child(input)` for a module whose `tp_call` is fastmodule's slot, without
 /// building an argument tuple (the slot's own decision, same fallback).
 #[inline(always)]
-pub unsafe fn call_one(child: *mut ffi::PyObject, input: *mut ffi::PyObject) -> *mut ffi::PyObject {
+pub unsafe fn call_one(
+    child: *mut capi::PyObject,
+    input: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let own = crate::call::slots::is_fn!(
-        crate::cpython::types::call_slot(ffi::Py_TYPE(child)),
-        module_call as ffi::ternaryfunc
+        crate::cpython::types::call_slot(capi::Py_TYPE(child)),
+        module_call as capi::ternaryfunc
     );
     if own {
         if let Some(g) = globals() {
@@ -257,15 +260,15 @@ pub unsafe fn call_one(child: *mut ffi::PyObject, input: *mut ffi::PyObject) -> 
             }
         }
     }
-    ffi::PyObject_CallOneArg(child, input)
+    capi::PyObject_CallOneArg(child, input)
 }
 
 /// The `tp_call` slot.
 pub unsafe extern "C" fn module_call(
-    slf: *mut ffi::PyObject,
-    args: *mut ffi::PyObject,
-    kwargs: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    slf: *mut capi::PyObject,
+    args: *mut capi::PyObject,
+    kwargs: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let Some(g) = globals() else {
         return crate::torch_api::errors::not_initialised();
     };
@@ -279,11 +282,11 @@ pub unsafe extern "C" fn module_call(
 /// fastmodule instance; None means "run torch's function".
 pub unsafe fn wrapped_call_impl(
     g: &Globals,
-    args: *const *mut ffi::PyObject,
+    args: *const *mut capi::PyObject,
     nargs: usize,
-    kwnames: *mut ffi::PyObject,
-) -> Option<*mut ffi::PyObject> {
+    kwnames: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
     let slf = *args;
-    crate::call::slots::rearm(g, ffi::Py_TYPE(slf));
+    crate::call::slots::rearm(g, capi::Py_TYPE(slf));
     fast_call(g, slf, Args::Vector(args, nargs, kwnames))
 }

@@ -17,10 +17,10 @@
 //! `tp_setattro`. They are served through torch's function objects instead.
 use crate::call::getattr::module_getattro;
 use crate::call::module_call::module_call;
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::types;
 use crate::torch_api::originals::{require, Globals};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
@@ -64,39 +64,39 @@ pub struct Installed {
 
 #[inline(always)]
 unsafe fn resolves_to(
-    tp: *mut ffi::PyTypeObject,
-    name: *mut ffi::PyObject,
-    want: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    name: *mut capi::PyObject,
+    want: *mut capi::PyObject,
 ) -> bool {
     type_lookup(tp, name) == want
 }
 
 #[inline(always)]
-unsafe fn call_ok(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
+unsafe fn call_ok(g: &Globals, tp: *mut capi::PyTypeObject) -> bool {
     resolves_to(tp, g.names.dunder_call, g.orig.call)
 }
 
 #[inline(always)]
-unsafe fn getattr_ok(g: &Globals, tp: *mut ffi::PyTypeObject) -> bool {
+unsafe fn getattr_ok(g: &Globals, tp: *mut capi::PyTypeObject) -> bool {
     resolves_to(tp, g.names.dunder_getattr, g.orig.getattr)
         && resolves_to(tp, g.names.dunder_getattribute, g.orig.object_getattribute)
 }
 
 /// Install whichever slots `tp`'s MRO allows and that are not in place.
 #[inline(always)]
-pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
+pub unsafe fn rearm(g: &Globals, tp: *mut capi::PyTypeObject) {
     if tp == g.nn_module {
         // nn.Module itself keeps CPython's slots (classes inherit them).
         return;
     }
-    if on(CALL) && !is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc) && call_ok(g, tp)
+    if on(CALL) && !is_fn!(types::call_slot(tp), module_call as capi::ternaryfunc) && call_ok(g, tp)
     {
         types::set_call_slot(tp, Some(module_call));
     }
     if on(GETATTR)
         && !is_fn!(
             types::getattro_slot(tp),
-            module_getattro as ffi::getattrofunc
+            module_getattro as capi::getattrofunc
         )
         && getattr_ok(g, tp)
     {
@@ -105,12 +105,12 @@ pub unsafe fn rearm(g: &Globals, tp: *mut ffi::PyTypeObject) {
 }
 
 /// Which native paths `tp` uses now.
-pub unsafe fn current(g: &Globals, tp: *mut ffi::PyTypeObject) -> Installed {
+pub unsafe fn current(g: &Globals, tp: *mut capi::PyTypeObject) -> Installed {
     Installed {
-        call: is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc),
+        call: is_fn!(types::call_slot(tp), module_call as capi::ternaryfunc),
         getattr: is_fn!(
             types::getattro_slot(tp),
-            module_getattro as ffi::getattrofunc
+            module_getattro as capi::getattrofunc
         ),
         setattr: on(REGISTRATION)
             && resolves_to(tp, g.names.dunder_setattr, g.orig.setattr)
@@ -121,8 +121,8 @@ pub unsafe fn current(g: &Globals, tp: *mut ffi::PyTypeObject) -> Installed {
 /// Install on `cls`, which must derive from `fastmodule.Module`.
 pub fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
     let g = require(py)?;
-    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
-    if unsafe { ffi::PyType_IsSubtype(tp, g.fast_module) } == 0 {
+    let tp = cls.as_ptr() as *mut capi::PyTypeObject;
+    if unsafe { capi::PyType_IsSubtype(tp, g.fast_module) } == 0 {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
             "{} is not a subclass of fastmodule.Module",
             cls.name()?
@@ -137,8 +137,8 @@ pub fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Instal
 /// Accelerate `cls` (any `torch.nn.Module` subclass) in place.
 pub fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
     let g = require(py)?;
-    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
-    if unsafe { ffi::PyType_IsSubtype(tp, g.nn_module) } == 0 {
+    let tp = cls.as_ptr() as *mut capi::PyTypeObject;
+    if unsafe { capi::PyType_IsSubtype(tp, g.nn_module) } == 0 {
         return Err(pyo3::exceptions::PyTypeError::new_err(format!(
             "{} is not a subclass of torch.nn.Module",
             cls.name()?
@@ -165,20 +165,20 @@ pub fn capture_generic(g: &Globals) {
     });
 }
 
-static GENERIC_SLOTS: std::sync::OnceLock<(Option<ffi::ternaryfunc>, Option<ffi::getattrofunc>)> =
+static GENERIC_SLOTS: std::sync::OnceLock<(Option<capi::ternaryfunc>, Option<capi::getattrofunc>)> =
     std::sync::OnceLock::new();
 
 /// Put CPython's slots back on `tp` where ours are installed.
-unsafe fn uninstall(tp: *mut ffi::PyTypeObject) {
+unsafe fn uninstall(tp: *mut capi::PyTypeObject) {
     let Some(&(call, getattro)) = GENERIC_SLOTS.get() else {
         return;
     };
-    if is_fn!(types::call_slot(tp), module_call as ffi::ternaryfunc) {
+    if is_fn!(types::call_slot(tp), module_call as capi::ternaryfunc) {
         types::set_call_slot(tp, call);
     }
     if is_fn!(
         types::getattro_slot(tp),
-        module_getattro as ffi::getattrofunc
+        module_getattro as capi::getattrofunc
     ) {
         types::set_getattro_slot(tp, getattro);
     }
@@ -188,8 +188,8 @@ unsafe fn uninstall(tp: *mut ffi::PyTypeObject) {
 /// to what CPython computes from its MRO.
 pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> {
     let g = require(py)?;
-    let tp = cls.as_ptr() as *mut ffi::PyTypeObject;
-    if unsafe { ffi::PyType_IsSubtype(tp, g.fast_module) } != 0 {
+    let tp = cls.as_ptr() as *mut capi::PyTypeObject;
+    if unsafe { capi::PyType_IsSubtype(tp, g.fast_module) } != 0 {
         // fastmodule.Module subclasses are fast by construction.
         return Ok(false);
     }
@@ -207,8 +207,8 @@ pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> 
             .try_iter()?
         {
             let sub = sub?.cast_into::<PyType>()?;
-            let stp = sub.as_ptr() as *mut ffi::PyTypeObject;
-            let fast = unsafe { ffi::PyType_IsSubtype(stp, g.fast_module) } != 0
+            let stp = sub.as_ptr() as *mut capi::PyTypeObject;
+            let fast = unsafe { capi::PyType_IsSubtype(stp, g.fast_module) } != 0
                 || crate::instance::accelerated::contains(stp);
             if !fast {
                 unsafe { uninstall(stp) };
@@ -221,11 +221,11 @@ pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> 
 
 /// Is `cls` accelerated in place?
 pub fn is_accelerated(cls: &Bound<'_, PyType>) -> bool {
-    crate::instance::accelerated::contains(cls.as_ptr() as *mut ffi::PyTypeObject)
+    crate::instance::accelerated::contains(cls.as_ptr() as *mut capi::PyTypeObject)
 }
 
 /// Which native paths `cls` uses now.
 pub fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<Installed> {
     let g = require(py)?;
-    Ok(unsafe { current(g, cls.as_ptr() as *mut ffi::PyTypeObject) })
+    Ok(unsafe { current(g, cls.as_ptr() as *mut capi::PyTypeObject) })
 }

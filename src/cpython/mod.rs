@@ -17,6 +17,7 @@
 //! - [`stack`]: how much of this thread's native stack is left?
 //! - [`validity`]: is what a cache remembered about a dict or a class still
 //!   true? (dict and class versions; dict watchers from 3.12 on.)
+pub mod capi;
 pub mod dicts;
 pub mod gc;
 pub mod owned;

@@ -24,8 +24,8 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
 
+use crate::cpython::capi;
 use crate::instance::registries::AddressHasher;
-use pyo3::ffi;
 
 type Set = HashSet<usize, BuildHasherDefault<AddressHasher>>;
 
@@ -48,7 +48,7 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
 
 /// Is `tp` accelerated?
 #[inline(always)]
-pub fn contains(tp: *mut ffi::PyTypeObject) -> bool {
+pub fn contains(tp: *mut capi::PyTypeObject) -> bool {
     let p = SNAPSHOT.load(Ordering::Acquire);
     // SAFETY: the snapshot is freed only by a writer holding the GIL, which
     // the caller holds too (see the module documentation).

@@ -1,14 +1,14 @@
 //! Small primitives shared by the slot implementations: instance `__dict__`
 //! access and "plain" attribute reads that follow `object.__getattribute__`
 //! exactly for the common case and report anything unusual to the caller.
+use crate::cpython::capi;
 use crate::cpython::private_api::_PyObject_GetDictPtr;
 use crate::cpython::type_cache::type_lookup;
-use pyo3::ffi;
 
 /// Outcome of reading an attribute that torch keeps in the instance `__dict__`.
 pub enum Plain {
     /// Borrowed value, found exactly as `object.__getattribute__` would.
-    Found(*mut ffi::PyObject),
+    Found(*mut capi::PyObject),
     /// A descriptor or a miss: only torch's own code can answer exactly.
     Unusual,
     /// A Python exception is set.
@@ -18,7 +18,7 @@ pub enum Plain {
 /// Borrowed instance `__dict__`, or null; ready to be remembered by the
 /// caches (`crate::cpython::validity::own_values`).
 #[inline(always)]
-pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
+pub unsafe fn instance_dict(obj: *mut capi::PyObject) -> *mut capi::PyObject {
     let d = dict_as_is(obj);
     if !d.is_null() {
         crate::cpython::validity::own_values(obj, d);
@@ -28,7 +28,7 @@ pub unsafe fn instance_dict(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
 
 /// Borrowed instance `__dict__`, or null, not readied.
 #[inline(always)]
-unsafe fn dict_as_is(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
+unsafe fn dict_as_is(obj: *mut capi::PyObject) -> *mut capi::PyObject {
     let p = _PyObject_GetDictPtr(obj);
     if p.is_null() {
         std::ptr::null_mut()
@@ -43,7 +43,7 @@ unsafe fn dict_as_is(obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
 /// again), so it is not readied again: the whole-tree checks compare
 /// thousands of modules in a row and need not touch each dict.
 #[inline(always)]
-pub unsafe fn instance_dict_is(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) -> bool {
+pub unsafe fn instance_dict_is(obj: *mut capi::PyObject, dict: *mut capi::PyObject) -> bool {
     dict_as_is(obj) == dict
 }
 
@@ -53,13 +53,13 @@ pub unsafe fn instance_dict_is(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject
 /// what it read before. Any other dict is Unusual (torch's code answers).
 #[inline(always)]
 pub unsafe fn plain_attr(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> Plain {
     let descr = type_lookup(tp, name);
     if !descr.is_null() {
-        let dt = ffi::Py_TYPE(descr);
+        let dt = capi::Py_TYPE(descr);
         let (get, set) = crate::cpython::types::descr_slots(dt);
         if get.is_some() || set.is_some() {
             return Plain::Unusual;
@@ -73,7 +73,7 @@ pub unsafe fn plain_attr(
         if !v.is_null() {
             return Plain::Found(v);
         }
-        if !ffi::PyErr_Occurred().is_null() {
+        if !capi::PyErr_Occurred().is_null() {
             return Plain::Error;
         }
     }
@@ -94,7 +94,7 @@ pub fn instance_attr<'py>(
     let py = obj.py();
     unsafe {
         let m = obj.as_ptr();
-        match plain_attr(ffi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
+        match plain_attr(capi::Py_TYPE(m), instance_dict(m), name.as_ptr()) {
             Plain::Found(d) => Ok(Some(pyo3::Bound::from_borrowed_ptr(py, d))),
             Plain::Error => Err(pyo3::PyErr::fetch(py)),
             Plain::Unusual => Ok(None),
@@ -110,55 +110,55 @@ pub fn truthy(v: pyo3::PyResult<pyo3::Bound<'_, pyo3::PyAny>>) -> pyo3::PyResult
 
 /// Is `obj` an exact `str`?
 pub fn exact_str(obj: &pyo3::Bound<'_, pyo3::PyAny>) -> bool {
-    unsafe { ffi::PyUnicode_CheckExact(obj.as_ptr()) != 0 }
+    unsafe { capi::PyUnicode_CheckExact(obj.as_ptr()) != 0 }
 }
 
 /// Borrowed `dict.get(key)` for an exact dict; null when missing or on error
 /// (check `PyErr_Occurred`).
 #[inline(always)]
-pub unsafe fn dict_get(dict: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mut ffi::PyObject {
+pub unsafe fn dict_get(dict: *mut capi::PyObject, key: *mut capi::PyObject) -> *mut capi::PyObject {
     if dict.is_null() {
         return std::ptr::null_mut();
     }
-    ffi::PyDict_GetItemWithError(dict, key)
+    capi::PyDict_GetItemWithError(dict, key)
 }
 
 /// `func(slf, *args, **kwargs)` without building a new tuple.
 pub unsafe fn call_with_self(
-    func: *mut ffi::PyObject,
-    slf: *mut ffi::PyObject,
-    args: *mut ffi::PyObject,
-    kwargs: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let n = ffi::PyTuple_GET_SIZE(args) as usize;
+    func: *mut capi::PyObject,
+    slf: *mut capi::PyObject,
+    args: *mut capi::PyObject,
+    kwargs: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let n = capi::PyTuple_GET_SIZE(args) as usize;
     const INLINE: usize = 8;
     if n < INLINE {
-        let mut buf: [*mut ffi::PyObject; INLINE] = [std::ptr::null_mut(); INLINE];
+        let mut buf: [*mut capi::PyObject; INLINE] = [std::ptr::null_mut(); INLINE];
         buf[0] = slf;
         for (i, slot) in buf.iter_mut().enumerate().skip(1).take(n) {
-            *slot = ffi::PyTuple_GET_ITEM(args, (i - 1) as ffi::Py_ssize_t);
+            *slot = capi::PyTuple_GET_ITEM(args, (i - 1) as capi::Py_ssize_t);
         }
-        ffi::PyObject_VectorcallDict(func, buf.as_ptr(), n + 1, kwargs)
+        capi::PyObject_VectorcallDict(func, buf.as_ptr(), n + 1, kwargs)
     } else {
-        let mut v: Vec<*mut ffi::PyObject> = Vec::with_capacity(n + 1);
+        let mut v: Vec<*mut capi::PyObject> = Vec::with_capacity(n + 1);
         v.push(slf);
         for i in 0..n {
-            v.push(ffi::PyTuple_GET_ITEM(args, i as ffi::Py_ssize_t));
+            v.push(capi::PyTuple_GET_ITEM(args, i as capi::Py_ssize_t));
         }
-        ffi::PyObject_VectorcallDict(func, v.as_ptr(), n + 1, kwargs)
+        capi::PyObject_VectorcallDict(func, v.as_ptr(), n + 1, kwargs)
     }
 }
 
 /// `hasattr(obj, name)` through the object's own `tp_getattro`: Ok(bool), or
 /// Err(()) with an exception set (only AttributeError means "no").
 pub unsafe fn has_attr_generic(
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> Result<bool, ()> {
-    let mut out: *mut ffi::PyObject = std::ptr::null_mut();
-    match ffi::compat::PyObject_GetOptionalAttr(obj, name, &mut out) {
+    let mut out: *mut capi::PyObject = std::ptr::null_mut();
+    match capi::PyObject_GetOptionalAttr(obj, name, &mut out) {
         1 => {
-            ffi::Py_DECREF(out);
+            capi::Py_DECREF(out);
             Ok(true)
         }
         0 => Ok(false),
@@ -178,12 +178,12 @@ pub fn data_attr<'py>(
 ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
     use pyo3::types::PyAnyMethods;
     unsafe {
-        let tp = ffi::Py_TYPE(obj.as_ptr());
+        let tp = capi::Py_TYPE(obj.as_ptr());
         if let Some((descr, get)) = class_data_descr(tp, name.as_ptr()) {
             // Held across the call, as object.__getattribute__ does.
-            ffi::Py_INCREF(descr);
-            let r = get(descr, obj.as_ptr(), tp as *mut ffi::PyObject);
-            ffi::Py_DECREF(descr);
+            capi::Py_INCREF(descr);
+            let r = get(descr, obj.as_ptr(), tp as *mut capi::PyObject);
+            capi::Py_DECREF(descr);
             return pyo3::Bound::from_owned_ptr_or_err(obj.py(), r);
         }
     }
@@ -195,9 +195,9 @@ pub fn data_attr<'py>(
 /// descriptor of the class then takes precedence over the instance dict);
 /// None otherwise.
 pub unsafe fn class_data_descr(
-    tp: *mut ffi::PyTypeObject,
-    name: *mut ffi::PyObject,
-) -> Option<(*mut ffi::PyObject, ffi::descrgetfunc)> {
+    tp: *mut capi::PyTypeObject,
+    name: *mut capi::PyObject,
+) -> Option<(*mut capi::PyObject, capi::descrgetfunc)> {
     // object's own slot, read from its type: both addresses are libpython's.
     let generic = crate::cpython::types::getattro_slot(crate::cpython::types::object_type());
     if crate::cpython::types::getattro_slot(tp).map(|f| f as usize) != generic.map(|f| f as usize) {
@@ -207,7 +207,7 @@ pub unsafe fn class_data_descr(
     if descr.is_null() {
         return None;
     }
-    let dt = ffi::Py_TYPE(descr);
+    let dt = capi::Py_TYPE(descr);
     match crate::cpython::types::descr_slots(dt) {
         (Some(get), Some(_)) => Some((descr, get)),
         _ => None,

@@ -5,10 +5,10 @@
 //! attribute shadows it; otherwise the module's own method, called through
 //! Python exactly where torch's code would call it.
 use super::attributes::instance_dict;
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::torch_api::originals::{require, Globals};
 use pyo3::call::PyCallArgs;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -99,9 +99,9 @@ impl Method {
 
 /// torch's function, fastmodule's wrapper (if any) and the interned name.
 struct Entry {
-    name: *mut ffi::PyObject,
-    orig: *mut ffi::PyObject,
-    wrapper: *mut ffi::PyObject,
+    name: *mut capi::PyObject,
+    orig: *mut capi::PyObject,
+    wrapper: *mut capi::PyObject,
 }
 struct Table([Entry; 22]);
 // SAFETY: strong references, read with the GIL held.
@@ -115,7 +115,7 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyAny>) -> PyResult<()> {
     if TABLE.get().is_some() {
         return Ok(());
     }
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) };
     let nn_dict = nn_module.getattr(intern!(py, "__dict__"))?;
     let fast_dict = fast_module.getattr(intern!(py, "__dict__"))?;
     let mut entries = Vec::with_capacity(METHODS.len());
@@ -140,7 +140,7 @@ fn entry(m: Method) -> Option<&'static Entry> {
 }
 
 /// torch's own `nn.Module.<m>` as captured at import (borrowed).
-pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
+pub fn original(m: Method) -> Option<*mut capi::PyObject> {
     entry(m).map(|e| e.orig)
 }
 
@@ -149,7 +149,7 @@ pub fn original(m: Method) -> Option<*mut ffi::PyObject> {
 pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
     let Some(e) = entry(m) else { return false };
     unsafe {
-        let tp = ffi::Py_TYPE(obj.as_ptr());
+        let tp = capi::Py_TYPE(obj.as_ptr());
         let d = instance_dict(obj.as_ptr());
         if !d.is_null() && super::walk_facts::known_native(tp, d, m as u32) {
             return true;
@@ -173,7 +173,7 @@ pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
             return false;
         }
         let version = crate::cpython::validity::dict_version(d);
-        if ffi::PyDict_Contains(d, e.name) != 0 {
+        if capi::PyDict_Contains(d, e.name) != 0 {
             return false;
         }
         super::walk_facts::note_native(tp, d, m as u32, version);

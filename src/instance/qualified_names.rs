@@ -9,7 +9,7 @@
 //! references to the prefix, the key and the result, so an address in it
 //! always denotes the object it was stored for; it holds only exact `str`s
 //! (never modules or tensors), and a bounded number of them.
-use pyo3::ffi;
+use crate::cpython::capi;
 use std::cell::UnsafeCell;
 
 /// How a name is built from `prefix` and `key`.
@@ -28,9 +28,9 @@ pub enum Kind {
 #[derive(Clone, Copy)]
 struct Slot {
     kind: Kind,
-    prefix: *mut ffi::PyObject,
-    key: *mut ffi::PyObject,
-    joined: *mut ffi::PyObject,
+    prefix: *mut capi::PyObject,
+    key: *mut capi::PyObject,
+    joined: *mut capi::PyObject,
 }
 
 const EMPTY: Slot = Slot {
@@ -47,7 +47,7 @@ unsafe impl Sync for Table {}
 static TABLE: Table = Table(UnsafeCell::new([[EMPTY; 2]; 1 << SET_BITS]));
 
 #[inline(always)]
-fn set_index(kind: Kind, prefix: *mut ffi::PyObject, key: *mut ffi::PyObject) -> usize {
+fn set_index(kind: Kind, prefix: *mut capi::PyObject, key: *mut capi::PyObject) -> usize {
     let h = ((prefix as u64) >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ ((key as u64) >> 4).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
         ^ (kind as u64).wrapping_mul(0x1656_67b1_9e37_79f9);
@@ -59,16 +59,16 @@ fn set_index(kind: Kind, prefix: *mut ffi::PyObject, key: *mut ffi::PyObject) ->
 #[inline(always)]
 pub unsafe fn cached(
     kind: Kind,
-    prefix: *mut ffi::PyObject,
-    key: *mut ffi::PyObject,
-) -> Option<*mut ffi::PyObject> {
+    prefix: *mut capi::PyObject,
+    key: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
     if cfg!(Py_GIL_DISABLED) {
         return None;
     }
     let set = &(*TABLE.0.get())[set_index(kind, prefix, key)];
     for s in set {
         if s.prefix == prefix && s.key == key && s.kind == kind {
-            ffi::Py_INCREF(s.joined);
+            capi::Py_INCREF(s.joined);
             return Some(s.joined);
         }
     }
@@ -80,9 +80,9 @@ pub unsafe fn cached(
 #[inline(always)]
 pub unsafe fn store(
     kind: Kind,
-    prefix: *mut ffi::PyObject,
-    key: *mut ffi::PyObject,
-    joined: *mut ffi::PyObject,
+    prefix: *mut capi::PyObject,
+    key: *mut capi::PyObject,
+    joined: *mut capi::PyObject,
 ) {
     if cfg!(Py_GIL_DISABLED) {
         return;
@@ -90,9 +90,9 @@ pub unsafe fn store(
     let set = &mut (*TABLE.0.get())[set_index(kind, prefix, key)];
     let old = set[1];
     set[1] = set[0];
-    ffi::Py_INCREF(prefix);
-    ffi::Py_INCREF(key);
-    ffi::Py_INCREF(joined);
+    capi::Py_INCREF(prefix);
+    capi::Py_INCREF(key);
+    capi::Py_INCREF(joined);
     set[0] = Slot {
         kind,
         prefix,
@@ -102,7 +102,7 @@ pub unsafe fn store(
     // Freeing strs runs no Python code, and the table is consistent already.
     for p in [old.prefix, old.key, old.joined] {
         if !p.is_null() {
-            ffi::Py_DECREF(p);
+            capi::Py_DECREF(p);
         }
     }
 }
@@ -118,7 +118,7 @@ pub fn name<'py>(
 ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
     unsafe {
         let (p, k) = (prefix.as_ptr(), key.as_ptr());
-        let exact = ffi::PyUnicode_CheckExact(p) != 0 && ffi::PyUnicode_CheckExact(k) != 0;
+        let exact = capi::PyUnicode_CheckExact(p) != 0 && capi::PyUnicode_CheckExact(k) != 0;
         if !exact {
             return build();
         }
@@ -126,7 +126,7 @@ pub fn name<'py>(
             return Ok(pyo3::Bound::from_owned_ptr(prefix.py(), j));
         }
         let built = build()?;
-        if ffi::PyUnicode_CheckExact(built.as_ptr()) != 0 {
+        if capi::PyUnicode_CheckExact(built.as_ptr()) != 0 {
             store(kind, p, k, built.as_ptr());
         }
         Ok(built)

@@ -11,10 +11,10 @@
 //! identity (plain modules, torch tensors, whose `__hash__` is `id(self)`), so
 //! membership is exactly what a Python set would answer; the first object that
 //! could hash otherwise converts it to a real Python set.
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PySet, PyString};
@@ -25,9 +25,9 @@ use std::sync::OnceLock;
 pub enum Items {
     Dict {
         dict: Py<PyAny>,
-        pos: ffi::Py_ssize_t,
-        used: ffi::Py_ssize_t,
-        left: ffi::Py_ssize_t,
+        pos: capi::Py_ssize_t,
+        used: capi::Py_ssize_t,
+        left: capi::Py_ssize_t,
     },
     Iter(Py<PyIterator>),
 }
@@ -45,8 +45,8 @@ impl Items {
             // lookups run no code; any other is read below as torch reads it,
             // the lookup made (and its `__eq__` calls run) on every walk.
             if !dict.is_null() && crate::cpython::quiet::dict(dict) {
-                match plain_attr(ffi::Py_TYPE(m), dict, registry.as_ptr()) {
-                    Plain::Found(d) if ffi::PyDict_CheckExact(d) != 0 => {
+                match plain_attr(capi::Py_TYPE(m), dict, registry.as_ptr()) {
+                    Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => {
                         let used = ma_used(d);
                         return Ok(Items::Dict {
                             dict: Bound::from_borrowed_ptr(py, d).unbind(),
@@ -72,9 +72,9 @@ impl Items {
     /// An exact dict's iteration resumed where a recorded walk left it.
     pub fn resume(
         dict: Py<PyAny>,
-        pos: ffi::Py_ssize_t,
-        used: ffi::Py_ssize_t,
-        left: ffi::Py_ssize_t,
+        pos: capi::Py_ssize_t,
+        used: capi::Py_ssize_t,
+        left: capi::Py_ssize_t,
     ) -> Items {
         Items::Dict {
             dict,
@@ -85,7 +85,7 @@ impl Items {
     }
 
     /// `(dict, position, size when opened)` of an exact dict's iteration.
-    pub fn dict_state(&self) -> Option<(*mut ffi::PyObject, ffi::Py_ssize_t, ffi::Py_ssize_t)> {
+    pub fn dict_state(&self) -> Option<(*mut capi::PyObject, capi::Py_ssize_t, capi::Py_ssize_t)> {
         match self {
             Items::Dict {
                 dict, pos, used, ..
@@ -126,9 +126,9 @@ impl Items {
                     // Empty: done, without touching the dict's key table.
                     return Ok(None);
                 }
-                let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-                let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-                if ffi::PyDict_Next(d, pos, &mut k, &mut v) == 0 {
+                let mut k: *mut capi::PyObject = std::ptr::null_mut();
+                let mut v: *mut capi::PyObject = std::ptr::null_mut();
+                if capi::PyDict_Next(d, pos, &mut k, &mut v) == 0 {
                     return Ok(None);
                 }
                 if *left == 0 {
@@ -188,8 +188,8 @@ fn same_fn<F: Copy + PartialEq>(a: Option<F>, b: Option<F>) -> bool {
 /// remembered while the class's `tp_version_tag` is unchanged (assigning
 /// `__hash__`/`__eq__` on it or a base resets the tag).
 #[inline(always)]
-pub unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
-    let tp = ffi::Py_TYPE(obj);
+pub unsafe fn identity_hashed(obj: *mut capi::PyObject) -> bool {
+    let tp = capi::Py_TYPE(obj);
     let version = crate::cpython::validity::class_version(tp);
     let slot = &mut (*HASH_KIND.0.get())[((tp as usize) >> 4) & (HASH_KINDS - 1)];
     if version != 0 && slot.0 == tp && slot.1 == version {
@@ -204,14 +204,14 @@ pub unsafe fn identity_hashed(obj: *mut ffi::PyObject) -> bool {
 }
 
 const HASH_KINDS: usize = 64;
-struct HashKinds(std::cell::UnsafeCell<[(*mut ffi::PyTypeObject, u32, bool); HASH_KINDS]>);
+struct HashKinds(std::cell::UnsafeCell<[(*mut capi::PyTypeObject, u32, bool); HASH_KINDS]>);
 // SAFETY: read and written only with the GIL held.
 unsafe impl Sync for HashKinds {}
 static HASH_KIND: HashKinds = HashKinds(std::cell::UnsafeCell::new(
     [(std::ptr::null_mut(), 0, false); HASH_KINDS],
 ));
 
-unsafe fn identity_hashed_uncached(tp: *mut ffi::PyTypeObject) -> bool {
+unsafe fn identity_hashed_uncached(tp: *mut capi::PyTypeObject) -> bool {
     use crate::cpython::types::{hash_slot, object_type, richcompare_slot};
     let base = object_type();
     if same_fn(hash_slot(tp), hash_slot(base))
@@ -222,7 +222,7 @@ unsafe fn identity_hashed_uncached(tp: *mut ffi::PyTypeObject) -> bool {
     // torch tensors: __hash__ is torch's `return id(self)`; with unique hashes
     // a set never consults __eq__.
     match TENSOR_HASH.get() {
-        Some(&(h, name)) => type_lookup(tp, name as *mut ffi::PyObject) as usize == h,
+        Some(&(h, name)) => type_lookup(tp, name as *mut capi::PyObject) as usize == h,
         None => false,
     }
 }
@@ -529,23 +529,23 @@ pub fn join<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = prefix.py();
     unsafe {
-        let exact = ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
-            && ffi::PyUnicode_CheckExact(name.as_ptr()) != 0;
+        let exact = capi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+            && capi::PyUnicode_CheckExact(name.as_ptr()) != 0;
         if exact {
             if skip_if_pure {
                 return Ok(None);
             }
-            if ffi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0 {
+            if capi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0 {
                 return Ok(Some(name.clone()));
             }
             let dot = intern!(py, ".");
             let a = Bound::from_owned_ptr_or_err(
                 py,
-                ffi::PyUnicode_Concat(prefix.as_ptr(), dot.as_ptr()),
+                capi::PyUnicode_Concat(prefix.as_ptr(), dot.as_ptr()),
             )?;
             return Ok(Some(Bound::from_owned_ptr_or_err(
                 py,
-                ffi::PyUnicode_Concat(a.as_ptr(), name.as_ptr()),
+                capi::PyUnicode_Concat(a.as_ptr(), name.as_ptr()),
             )?));
         }
     }

@@ -12,8 +12,8 @@
 //! alive. A walk over a tree of thousands of modules visits each once per
 //! call, so the table is sized for such trees (allocated, zeroed, on first
 //! use; untouched pages cost nothing).
+use crate::cpython::capi;
 use crate::cpython::validity::{dict_version, Key};
-use pyo3::ffi;
 use std::cell::UnsafeCell;
 
 #[derive(Clone, Copy)]
@@ -23,9 +23,9 @@ pub struct Facts {
     native: u32,
     /// The dict's values for the registry names; null where not yet read (or
     /// missing from the dict).
-    regs: [*mut ffi::PyObject; 3],
+    regs: [*mut capi::PyObject; 3],
     /// The dict's `training` value; null where not yet read.
-    training: *mut ffi::PyObject,
+    training: *mut capi::PyObject,
     /// The versions of the three registries (in `regs` order) at which
     /// `training` was a key of none of them; zero where not checked.
     training_clear: [u64; 3],
@@ -49,7 +49,7 @@ unsafe impl Sync for Table {}
 static TABLE: Table = Table(UnsafeCell::new(std::ptr::null_mut()));
 
 /// The interned registry names, in `regs` order (set once, at import).
-struct Names(UnsafeCell<[*mut ffi::PyObject; 3]>);
+struct Names(UnsafeCell<[*mut capi::PyObject; 3]>);
 // SAFETY: as TABLE.
 unsafe impl Sync for Names {}
 static REG_NAMES: Names = Names(UnsafeCell::new([std::ptr::null_mut(); 3]));
@@ -75,19 +75,19 @@ pub fn init(g: &crate::torch_api::originals::Globals) {
 /// exception set), through the registry facts for the registry names.
 #[inline(always)]
 pub unsafe fn dict_get(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let names = &*REG_NAMES.0.get();
     match names.iter().position(|&n| n == name) {
         Some(slot) => registry(tp, dict, name, slot),
-        None => ffi::PyDict_GetItemWithError(dict, name),
+        None => capi::PyDict_GetItemWithError(dict, name),
     }
 }
 
 #[inline(always)]
-unsafe fn set_of(dict: *mut ffi::PyObject) -> Option<&'static mut Set> {
+unsafe fn set_of(dict: *mut capi::PyObject) -> Option<&'static mut Set> {
     let t = *TABLE.0.get();
     if t.is_null() || !crate::cpython::validity::caches_on() {
         return None;
@@ -98,7 +98,10 @@ unsafe fn set_of(dict: *mut ffi::PyObject) -> Option<&'static mut Set> {
 
 /// The valid entry for `dict` (an exact dict) of an instance of `tp`, if any.
 #[inline(always)]
-unsafe fn find(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<&'static mut Facts> {
+unsafe fn find(
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+) -> Option<&'static mut Facts> {
     let set = set_of(dict)?;
     let key = Key::now(tp, dict)?;
     set.iter_mut().find(|e| e.key == key)
@@ -108,10 +111,10 @@ unsafe fn find(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<&
 /// a fresh one replacing the least recently created in its set.
 #[inline(always)]
 unsafe fn entry(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
 ) -> Option<&'static mut Facts> {
-    if ffi::PyDict_CheckExact(dict) == 0 {
+    if capi::PyDict_CheckExact(dict) == 0 {
         return None;
     }
     let key = Key::now(tp, dict)?;
@@ -132,7 +135,11 @@ unsafe fn entry(
 /// included, whose changes reset the class's version) and on whether the
 /// dict holds the method's name.
 #[inline(always)]
-pub unsafe fn known_native(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject, bit: u32) -> bool {
+pub unsafe fn known_native(
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    bit: u32,
+) -> bool {
     matches!(find(tp, dict), Some(f) if f.native & (1 << bit) != 0)
 }
 
@@ -141,8 +148,8 @@ pub unsafe fn known_native(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject,
 /// `__eq__` may have run during the lookup).
 #[inline(always)]
 pub unsafe fn note_native(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
     bit: u32,
     version: u64,
 ) {
@@ -158,11 +165,11 @@ pub unsafe fn note_native(
 /// error.
 #[inline(always)]
 unsafe fn registry(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
     slot: usize,
-) -> *mut ffi::PyObject {
+) -> *mut capi::PyObject {
     if let Some(f) = find(tp, dict) {
         let v = f.regs[slot];
         if !v.is_null() {
@@ -170,7 +177,7 @@ unsafe fn registry(
         }
     }
     let before = dict_version(dict);
-    let v = ffi::PyDict_GetItemWithError(dict, name);
+    let v = capi::PyDict_GetItemWithError(dict, name);
     if !v.is_null() && dict_version(dict) == before {
         if let Some(f) = entry(tp, dict) {
             f.regs[slot] = v;
@@ -187,11 +194,11 @@ unsafe fn registry(
 /// (the caller runs the full path, then [`note_training`]).
 #[inline(always)]
 pub unsafe fn set_training(
-    obj: *mut ffi::PyObject,
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    mode: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    mode: *mut capi::PyObject,
 ) -> Option<Result<(), ()>> {
     let f = find(tp, dict)?;
     let old = f.training;
@@ -201,7 +208,7 @@ pub unsafe fn set_training(
     // The registries are held by the unchanged (quiet) instance dict; each
     // unchanged since `note_training` found it quiet and without `training`.
     for (reg, v) in f.regs.iter().zip(f.training_clear) {
-        if reg.is_null() || ffi::PyDict_CheckExact(*reg) == 0 || dict_version(*reg) != v {
+        if reg.is_null() || capi::PyDict_CheckExact(*reg) == 0 || dict_version(*reg) != v {
             return None;
         }
     }
@@ -213,10 +220,10 @@ pub unsafe fn set_training(
         // (CPython does not even bump the version).
         return Some(Ok(()));
     }
-    if old != ffi::Py_True() && old != ffi::Py_False() {
+    if old != capi::Py_True() && old != capi::Py_False() {
         return None;
     }
-    if ffi::PyObject_GenericSetAttr(obj, name, mode) < 0 {
+    if capi::PyObject_GenericSetAttr(obj, name, mode) < 0 {
         return Some(Err(()));
     }
     // The dict is quiet (the entry's key matched), so the store compared no
@@ -224,12 +231,12 @@ pub unsafe fn set_training(
     // no code: the dict changed only in this entry. Confirm, then carry the
     // facts to the new version.
     let before = dict_version(dict);
-    if ffi::PyDict_GetItemWithError(dict, name) == mode && dict_version(dict) == before {
+    if capi::PyDict_GetItemWithError(dict, name) == mode && dict_version(dict) == before {
         if let Some(f) = entry_for_rebind(tp, dict, before) {
             f.training = mode;
         }
     }
-    ffi::PyErr_Clear();
+    capi::PyErr_Clear();
     Some(Ok(()))
 }
 
@@ -237,8 +244,8 @@ pub unsafe fn set_training(
 /// `training`, moved to the dict's new version `version`.
 #[inline(always)]
 unsafe fn entry_for_rebind(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
     version: u64,
 ) -> Option<&'static mut Facts> {
     let set = set_of(dict)?;
@@ -254,9 +261,9 @@ unsafe fn entry_for_rebind(
 /// let the next one take [`set_training`]'s path.
 pub unsafe fn note_training(
     g: &crate::torch_api::originals::Globals,
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) {
     // Quiet dicts only (the instance dict and the three registries): then no
     // lookup below runs code, and what one read stays true for the next.
@@ -268,25 +275,25 @@ pub unsafe fn note_training(
     let mut regs = [std::ptr::null_mut(); 3];
     let mut versions = [0u64; 3];
     for (i, reg_name) in [n.parameters, n.buffers, n.modules].into_iter().enumerate() {
-        let r = ffi::PyDict_GetItemWithError(dict, reg_name);
+        let r = capi::PyDict_GetItemWithError(dict, reg_name);
         if r.is_null() || !crate::cpython::quiet::dict(r) {
-            ffi::PyErr_Clear();
+            capi::PyErr_Clear();
             return;
         }
         let v = dict_version(r);
-        match ffi::PyDict_Contains(r, name) {
+        match capi::PyDict_Contains(r, name) {
             0 if dict_version(r) == v => {}
             _ => {
-                ffi::PyErr_Clear();
+                capi::PyErr_Clear();
                 return;
             }
         }
         regs[i] = r;
         versions[i] = v;
     }
-    let training = ffi::PyDict_GetItemWithError(dict, name);
+    let training = capi::PyDict_GetItemWithError(dict, name);
     if training.is_null() || dict_version(dict) != before {
-        ffi::PyErr_Clear();
+        capi::PyErr_Clear();
         return;
     }
     if let Some(f) = entry(tp, dict) {

@@ -33,13 +33,13 @@
 //! visit holding it (its parent, whose unchanged `_modules` keeps it alive)
 //! passed its checks. The table, the module checks and the refusals are
 //! `crate::plans::parts`'.
+use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
 use crate::instance::dispatch::{is_native, Method};
 use crate::plans::parts::{refuse, refused, Checked, Table, Walk};
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
@@ -52,21 +52,21 @@ struct Visit {
 }
 
 pub(crate) struct Plan {
-    root: *mut ffi::PyObject,
+    root: *mut capi::PyObject,
     walk: Walk,
     visits: Vec<Visit>,
-    tensors: Vec<*mut ffi::PyObject>,
+    tensors: Vec<*mut capi::PyObject>,
     /// The deepest visit's depth below the root.
     max_depth: u32,
     /// `train`: every visited module's `training` (`Py_True` or `Py_False`).
-    mode: *mut ffi::PyObject,
+    mode: *mut capi::PyObject,
 }
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
 
 /// The slot and plan of `root`'s `walk`, if every visit still holds (a stale
 /// plan is dropped).
-fn holding(root: *mut ffi::PyObject, walk: Walk) -> Option<(usize, std::sync::Arc<Plan>)> {
+fn holding(root: *mut capi::PyObject, walk: Walk) -> Option<(usize, std::sync::Arc<Plan>)> {
     let (i, plan) = TABLE.find(|p| p.root == root && p.walk == walk)?;
     // SAFETY: see the module docs (checked in visit order).
     if unsafe { room_for(plan.max_depth) && plan.visits.iter().all(|v| v.module.holds()) } {
@@ -102,7 +102,7 @@ pub fn replay_train(
         // borrowed module is still held by its parent's unchanged
         // `_modules`; a shared module's later visits find `mode` already
         // there and change nothing, as in torch.
-        if unsafe { ffi::PyObject_GenericSetAttr(v.module.module, name.as_ptr(), mode) } < 0 {
+        if unsafe { capi::PyObject_GenericSetAttr(v.module.module, name.as_ptr(), mode) } < 0 {
             TABLE.forget(i);
             return Some(Err(PyErr::fetch(py)));
         }
@@ -179,7 +179,7 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
     let ok = unsafe { visit(g, training, root, 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
-    unsafe { ffi::PyErr_Clear() };
+    unsafe { capi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
@@ -195,13 +195,13 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
 /// compared by identity.
 unsafe fn visit(
     g: &Globals,
-    training: *mut ffi::PyObject,
+    training: *mut capi::PyObject,
     module: &Bound<'_, PyAny>,
     depth: u32,
     plan: &mut Plan,
 ) -> bool {
     let m = module.as_ptr();
-    let tp = ffi::Py_TYPE(m);
+    let tp = capi::Py_TYPE(m);
     // Children are reached through torch's walked method (the root's was
     // checked by the caller), `children` and `named_children`.
     let method = match plan.walk {
@@ -228,14 +228,14 @@ unsafe fn visit(
         return false;
     };
     if plan.walk == Walk::Train {
-        if ffi::PyDict_GetItemWithError(checked.seen.dict, training) != plan.mode {
+        if capi::PyDict_GetItemWithError(checked.seen.dict, training) != plan.mode {
             return false;
         }
         // Quiet dicts (`Checked::read`): no code runs.
         if checked
             .regs
             .iter()
-            .any(|&(r, _)| ffi::PyDict_Contains(r, training) != 0)
+            .any(|&(r, _)| capi::PyDict_Contains(r, training) != 0)
         {
             return false;
         }
@@ -248,8 +248,8 @@ unsafe fn visit(
             .enumerate()
         {
             let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-            while ffi::PyDict_Next(reg, &mut pos, &mut key, &mut value) != 0 {
-                if value != ffi::Py_None() {
+            while capi::PyDict_Next(reg, &mut pos, &mut key, &mut value) != 0 {
+                if value != capi::Py_None() {
                     plan.tensors.push(value);
                 }
             }
@@ -268,8 +268,8 @@ unsafe fn visit(
     let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
     // named_children's memo, by identity (checked per child's class).
     let mut memo: std::collections::HashSet<usize> = std::collections::HashSet::new();
-    while ffi::PyDict_Next(mods, &mut pos, &mut key, &mut value) != 0 {
-        if value == ffi::Py_None() {
+    while capi::PyDict_Next(mods, &mut pos, &mut key, &mut value) != 0 {
+        if value == capi::Py_None() {
             continue;
         }
         if !crate::instance::registries::identity_hashed(value) {

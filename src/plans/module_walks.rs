@@ -22,9 +22,9 @@
 //!
 //! Plans are kept per (root, walk) in a small table; a replay's own strong
 //! references (the memo's objects, open dicts) are the live walker's.
+use crate::cpython::capi;
 use crate::cpython::validity::{dict_version, Key};
 use crate::instance::attributes::instance_dict;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
@@ -53,18 +53,18 @@ pub type Seen = Key;
 /// while its version is unchanged (a non-str key is an insertion), which
 /// every replay checks before trusting a node.
 #[inline(always)]
-pub unsafe fn seen_now(module: *mut ffi::PyObject) -> Option<Seen> {
+pub unsafe fn seen_now(module: *mut capi::PyObject) -> Option<Seen> {
     let dict = instance_dict(module);
     if dict.is_null() || !crate::cpython::quiet::dict(dict) {
         return None;
     }
-    Key::now(ffi::Py_TYPE(module), dict)
+    Key::now(capi::Py_TYPE(module), dict)
 }
 
 /// Are `module`'s class and instance dict still the recorded ones?
 #[inline(always)]
-pub unsafe fn holds(seen: &Seen, module: *mut ffi::PyObject) -> bool {
-    let tp = ffi::Py_TYPE(module);
+pub unsafe fn holds(seen: &Seen, module: *mut capi::PyObject) -> bool {
+    let tp = capi::Py_TYPE(module);
     tp == seen.tp
         && crate::cpython::validity::class_version(tp) == seen.tp_version
         && crate::instance::attributes::instance_dict_is(module, seen.dict)
@@ -74,9 +74,9 @@ pub unsafe fn holds(seen: &Seen, module: *mut ffi::PyObject) -> bool {
 /// A registry dict as the walk opened it.
 #[derive(Clone, Copy)]
 pub struct Reg {
-    pub dict: *mut ffi::PyObject,
+    pub dict: *mut capi::PyObject,
     pub version: u64,
-    pub used: ffi::Py_ssize_t,
+    pub used: capi::Py_ssize_t,
 }
 
 impl Reg {
@@ -95,11 +95,11 @@ impl Reg {
 pub struct Node {
     pub kind: NodeKind,
     /// Borrowed; null for `Empty`.
-    pub module: *mut ffi::PyObject,
+    pub module: *mut capi::PyObject,
     /// The walk's stack depth of the node's frame (root 0).
     pub depth: u32,
     /// The parent's `PyDict_Next` position after this entry.
-    pub ppos: ffi::Py_ssize_t,
+    pub ppos: capi::Py_ssize_t,
     pub seen: Seen,
     /// The frame's prefix (owned; what the live walker put in the frame).
     pub prefix: Option<Py<PyAny>>,
@@ -121,8 +121,8 @@ pub enum ItemKind {
 pub struct Item {
     pub kind: ItemKind,
     /// Borrowed; null for `Empty`.
-    pub value: *mut ffi::PyObject,
-    pub pos: ffi::Py_ssize_t,
+    pub value: *mut capi::PyObject,
+    pub pos: capi::Py_ssize_t,
     /// The yielded name (owned), where the walk built one.
     pub name: Option<Py<PyAny>>,
 }
@@ -321,8 +321,8 @@ fn prefetch_node(node: &Node) {
 /// GIL held; `each` must run no Python code.
 pub unsafe fn scan_members(
     plan: &Plan,
-    root: *mut ffi::PyObject,
-    mut each: impl FnMut(*mut ffi::PyObject) -> bool,
+    root: *mut capi::PyObject,
+    mut each: impl FnMut(*mut capi::PyObject) -> bool,
 ) -> bool {
     use crate::instance::registries::identity_hashed;
     if !plan.key.values || plan.key.registry == 0 {
@@ -331,7 +331,7 @@ pub unsafe fn scan_members(
     if !root_holds(plan, root) || !identity_hashed(root) {
         return false;
     }
-    let limit = ffi::Py_GetRecursionLimit() as i64;
+    let limit = capi::Py_GetRecursionLimit() as i64;
     for (i, n) in plan.nodes.iter().enumerate() {
         if let Some(ahead) = plan.nodes.get(i + AHEAD) {
             prefetch_node(ahead);
@@ -378,7 +378,7 @@ pub unsafe fn scan_members(
 /// Does the plan's root still hold for `root` (class, instance dict and its
 /// registries unchanged)? The common way a tree changes (`train()`, a new
 /// attribute on the root) shows here, before a replay starts.
-pub fn root_holds(plan: &Plan, root: *mut ffi::PyObject) -> bool {
+pub fn root_holds(plan: &Plan, root: *mut capi::PyObject) -> bool {
     let Some(n) = plan.nodes.first() else {
         return false;
     };

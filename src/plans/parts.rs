@@ -7,12 +7,12 @@
 //!
 //! Like the per-instance facts, plans are off on 3.13 and free-threaded
 //! builds; everything here is used with the GIL held.
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
 use crate::plans::module_walks::{holds, seen_now, Seen};
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -121,9 +121,9 @@ impl<P> Table<P> {
 pub struct Checked {
     /// Borrowed (the root is the caller's; a child is a value of its
     /// parent's unchanged `_modules`).
-    pub module: *mut ffi::PyObject,
+    pub module: *mut capi::PyObject,
     pub seen: Seen,
-    pub regs: [(*mut ffi::PyObject, u64); 3],
+    pub regs: [(*mut capi::PyObject, u64); 3],
 }
 
 impl Checked {
@@ -134,9 +134,9 @@ impl Checked {
     /// code). A replay skips torch's lookups in them (`"training" in
     /// self._parameters`, `name in self._modules`), the same only while
     /// those run no code; each stays quiet while its version is unchanged.
-    pub unsafe fn read(g: &Globals, module: *mut ffi::PyObject) -> Option<Checked> {
+    pub unsafe fn read(g: &Globals, module: *mut capi::PyObject) -> Option<Checked> {
         let seen = seen_now(module)?;
-        let tp = ffi::Py_TYPE(module);
+        let tp = capi::Py_TYPE(module);
         let n = &g.names;
         let mut regs = [(std::ptr::null_mut(), 0); 3];
         for (slot, name) in regs.iter_mut().zip([n.parameters, n.buffers, n.modules]) {
@@ -156,15 +156,15 @@ impl Checked {
         holds(&self.seen, self.module) && self.regs.iter().all(|&(d, v)| dict_version(d) == v)
     }
 
-    pub fn parameters(&self) -> *mut ffi::PyObject {
+    pub fn parameters(&self) -> *mut capi::PyObject {
         self.regs[0].0
     }
 
-    pub fn buffers(&self) -> *mut ffi::PyObject {
+    pub fn buffers(&self) -> *mut capi::PyObject {
         self.regs[1].0
     }
 
-    pub fn modules(&self) -> *mut ffi::PyObject {
+    pub fn modules(&self) -> *mut capi::PyObject {
         self.regs[2].0
     }
 }
@@ -173,14 +173,14 @@ impl Checked {
 /// instance dict (the class has no attribute of that name); borrowed, null
 /// otherwise.
 pub unsafe fn dict_entry(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     if !type_lookup(tp, name).is_null() {
         return std::ptr::null_mut();
     }
-    ffi::PyDict_GetItemWithError(dict, name)
+    capi::PyDict_GetItemWithError(dict, name)
 }
 
 /// The two hook dicts `names` of a checked module, when plain entries that
@@ -189,9 +189,9 @@ pub unsafe fn dict_entry(
 pub unsafe fn empty_hooks(
     g: &Globals,
     c: &Checked,
-    names: [*mut ffi::PyObject; 2],
-) -> Option<[*mut ffi::PyObject; 2]> {
-    let tp = ffi::Py_TYPE(c.module);
+    names: [*mut capi::PyObject; 2],
+) -> Option<[*mut capi::PyObject; 2]> {
+    let tp = capi::Py_TYPE(c.module);
     let mut hooks = [std::ptr::null_mut(); 2];
     for (slot, name) in hooks.iter_mut().zip(names) {
         let h = dict_entry(tp, c.seen.dict, name);
@@ -205,7 +205,7 @@ pub unsafe fn empty_hooks(
 
 /// Are hook dicts recorded by [`empty_hooks`] still empty?
 #[inline(always)]
-pub unsafe fn hooks_empty(g: &Globals, hooks: &[*mut ffi::PyObject; 2]) -> bool {
+pub unsafe fn hooks_empty(g: &Globals, hooks: &[*mut capi::PyObject; 2]) -> bool {
     hooks.iter().all(|&h| hook_dict_len(h, g.odict) == Some(0))
 }
 
@@ -222,7 +222,7 @@ pub enum Walk {
 /// as a class overriding the walked method), with the number of live walks
 /// left before the next attempt: a tree that cannot be recorded does not pay
 /// for a recording walk on every call. A reused address only delays one.
-type Refused = ((*mut ffi::PyObject, Walk), u32);
+type Refused = ((*mut capi::PyObject, Walk), u32);
 const RETRY_AFTER: u32 = 15;
 struct Refusals(UnsafeCell<[Refused; SLOTS]>, UnsafeCell<usize>);
 // SAFETY: read and written only with the GIL held.
@@ -233,7 +233,7 @@ static REFUSED: Refusals = Refusals(
 );
 
 /// Is a recording of `key` to be skipped this time (a recent one failed)?
-pub fn refused(key: (*mut ffi::PyObject, Walk)) -> bool {
+pub fn refused(key: (*mut capi::PyObject, Walk)) -> bool {
     // SAFETY: GIL held.
     let table = unsafe { &mut *REFUSED.0.get() };
     match table.iter_mut().find(|r| r.0 == key && r.1 > 0) {
@@ -246,7 +246,7 @@ pub fn refused(key: (*mut ffi::PyObject, Walk)) -> bool {
 }
 
 /// Note that recording `key` failed: skip the next attempts.
-pub fn refuse(key: (*mut ffi::PyObject, Walk)) {
+pub fn refuse(key: (*mut capi::PyObject, Walk)) {
     // SAFETY: GIL held.
     let (table, next) = unsafe { (&mut *REFUSED.0.get(), &mut *REFUSED.1.get()) };
     let i = match table.iter().position(|r| r.0 == key) {
@@ -271,9 +271,9 @@ pub fn clear_refusals() {
 /// `a + b` for exact strs (None on failure, with an exception set).
 pub unsafe fn concat<'py>(
     a: &pyo3::Bound<'py, pyo3::PyAny>,
-    b: *mut ffi::PyObject,
+    b: *mut capi::PyObject,
 ) -> Option<pyo3::Bound<'py, pyo3::PyAny>> {
-    pyo3::Bound::from_owned_ptr_or_opt(a.py(), ffi::PyUnicode_Concat(a.as_ptr(), b))
+    pyo3::Bound::from_owned_ptr_or_opt(a.py(), capi::PyUnicode_Concat(a.as_ptr(), b))
 }
 
 /// `checked`'s children in registry order, as torch's recursive `state_dict`
@@ -284,13 +284,13 @@ pub unsafe fn visit_children<'py>(
     g: &Globals,
     checked: &Checked,
     prefix: &pyo3::Bound<'py, pyo3::PyAny>,
-    name_ok: impl Fn(*mut ffi::PyObject) -> bool,
+    name_ok: impl Fn(*mut capi::PyObject) -> bool,
     mut visit: impl FnMut(&pyo3::Bound<'py, pyo3::PyAny>, &pyo3::Bound<'py, pyo3::PyAny>) -> bool,
 ) -> bool {
     let py = prefix.py();
     let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
-        if value == ffi::Py_None() {
+    while capi::PyDict_Next(checked.modules(), &mut pos, &mut name, &mut value) != 0 {
+        if value == capi::Py_None() {
             continue;
         }
         if !name_ok(name) {

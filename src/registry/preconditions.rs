@@ -4,13 +4,13 @@
 //! registries that are exact dicts), and the small steps they repeat with
 //! torch's exact exception texts.
 use crate::call::getattr::has_attr;
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::{quiet, Owned};
 use crate::instance::attributes::{dict_get, instance_dict, plain_attr, Plain};
 use crate::torch_api::errors::{raise, typename, Part};
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 
 /// Result of a fast path: done, failed with an exception set, or "let torch do it".
 pub enum Outcome {
@@ -29,21 +29,21 @@ pub(super) enum Kind {
     Unusual,
 }
 
-pub(super) unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
-    let vt = ffi::Py_TYPE(value);
+pub(super) unsafe fn classify(g: &Globals, value: *mut capi::PyObject) -> Kind {
+    let vt = capi::Py_TYPE(value);
     // isinstance() consults __class__; only a truthful one allows type checks.
     if type_lookup(vt, g.names.dunder_class) != g.orig.object_class {
         return Kind::Unusual;
     }
     if vt == g.parameter {
         Kind::Param
-    } else if ffi::PyType_IsSubtype(vt, g.parameter) != 0 {
+    } else if capi::PyType_IsSubtype(vt, g.parameter) != 0 {
         // isinstance() of a subclass instance runs _ParameterMeta's
         // __instancecheck__ (a `_is_param` read the class may observe).
         Kind::Unusual
-    } else if ffi::PyType_IsSubtype(vt, g.tensor) != 0 {
+    } else if capi::PyType_IsSubtype(vt, g.tensor) != 0 {
         Kind::Unusual
-    } else if ffi::PyType_IsSubtype(vt, g.nn_module) != 0 {
+    } else if capi::PyType_IsSubtype(vt, g.nn_module) != 0 {
         Kind::Module
     } else {
         Kind::Other
@@ -52,19 +52,19 @@ pub(super) unsafe fn classify(g: &Globals, value: *mut ffi::PyObject) -> Kind {
 
 /// `isinstance(obj, Parameter)`, honouring `_ParameterMeta.__instancecheck__`
 /// (which isinstance() skips only for an exact Parameter).
-pub(super) unsafe fn is_parameter(g: &Globals, obj: *mut ffi::PyObject) -> Result<bool, ()> {
-    if ffi::Py_TYPE(obj) == g.parameter {
+pub(super) unsafe fn is_parameter(g: &Globals, obj: *mut capi::PyObject) -> Result<bool, ()> {
+    if capi::Py_TYPE(obj) == g.parameter {
         return Ok(true);
     }
-    match ffi::PyObject_IsInstance(obj, g.parameter as *mut ffi::PyObject) {
+    match capi::PyObject_IsInstance(obj, g.parameter as *mut capi::PyObject) {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(()),
     }
 }
 
-pub(super) unsafe fn truth(obj: *mut ffi::PyObject) -> Result<bool, ()> {
-    match ffi::PyObject_IsTrue(obj) {
+pub(super) unsafe fn truth(obj: *mut capi::PyObject) -> Result<bool, ()> {
+    match capi::PyObject_IsTrue(obj) {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(()),
@@ -72,10 +72,10 @@ pub(super) unsafe fn truth(obj: *mut ffi::PyObject) -> Result<bool, ()> {
 }
 
 pub(super) unsafe fn contains(
-    container: *mut ffi::PyObject,
-    item: *mut ffi::PyObject,
+    container: *mut capi::PyObject,
+    item: *mut capi::PyObject,
 ) -> Result<bool, ()> {
-    match ffi::PySequence_Contains(container, item) {
+    match capi::PySequence_Contains(container, item) {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(()),
@@ -85,11 +85,11 @@ pub(super) unsafe fn contains(
 /// A borrowed registry attribute that must be a quiet dict (or set): its
 /// lookups by an exact `str` run no code (see `crate::cpython::quiet`).
 pub(super) unsafe fn exact_attr(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
     want_set: bool,
-) -> Result<*mut ffi::PyObject, Outcome> {
+) -> Result<*mut capi::PyObject, Outcome> {
     match plain_attr(tp, dict, name) {
         Plain::Found(v) => {
             let ok = if want_set {
@@ -112,10 +112,10 @@ pub(super) unsafe fn exact_attr(
 /// flag says so); Err(Stock) when any is unusual, Err(Error) on an exception.
 /// No code runs while they are read, so all are still current together.
 pub(super) unsafe fn exact_attrs<const N: usize>(
-    tp: *mut ffi::PyTypeObject,
-    dict: *mut ffi::PyObject,
-    wanted: [(*mut ffi::PyObject, bool); N],
-) -> Result<[*mut ffi::PyObject; N], Outcome> {
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    wanted: [(*mut capi::PyObject, bool); N],
+) -> Result<[*mut capi::PyObject; N], Outcome> {
     let mut out = [std::ptr::null_mut(); N];
     let mut unusual = false;
     for (slot, (name, want_set)) in out.iter_mut().zip(wanted) {
@@ -141,12 +141,12 @@ pub(super) unsafe fn exact_attrs<const N: usize>(
 pub(super) unsafe fn remove_from(
     dicts: [&Owned; 3],
     set: &Owned,
-    name: *mut ffi::PyObject,
+    name: *mut capi::PyObject,
 ) -> Result<(), ()> {
     for d in dicts {
-        match ffi::PyDict_Contains(d.as_ptr(), name) {
+        match capi::PyDict_Contains(d.as_ptr(), name) {
             1 => {
-                if ffi::PyDict_DelItem(d.as_ptr(), name) < 0 {
+                if capi::PyDict_DelItem(d.as_ptr(), name) < 0 {
                     return Err(());
                 }
             }
@@ -154,9 +154,9 @@ pub(super) unsafe fn remove_from(
             _ => return Err(()),
         }
     }
-    match ffi::PySet_Contains(set.as_ptr(), name) {
+    match capi::PySet_Contains(set.as_ptr(), name) {
         1 => {
-            if ffi::PySet_Discard(set.as_ptr(), name) < 0 {
+            if capi::PySet_Discard(set.as_ptr(), name) < 0 {
                 return Err(());
             }
         }
@@ -169,7 +169,7 @@ pub(super) unsafe fn remove_from(
 /// New references to live objects read while no code could run (a null
 /// among them: nothing taken, torch's code runs).
 pub(super) unsafe fn hold<const N: usize>(
-    objs: [*mut ffi::PyObject; N],
+    objs: [*mut capi::PyObject; N],
 ) -> Result<[Owned; N], Outcome> {
     if objs.iter().any(|p| p.is_null()) {
         return Err(Outcome::Stock);
@@ -181,14 +181,14 @@ pub(super) unsafe fn hold<const N: usize>(
 /// (Ordered)dict or the module's globals are not quiet.
 pub(super) unsafe fn reg_hooks(
     g: &Globals,
-    which: *mut ffi::PyObject,
-) -> Result<*mut ffi::PyObject, Outcome> {
+    which: *mut capi::PyObject,
+) -> Result<*mut capi::PyObject, Outcome> {
     if !quiet::dict(g.module_globals) {
         return Err(Outcome::Stock);
     }
     let h = dict_get(g.module_globals, which);
     if h.is_null() {
-        return Err(if ffi::PyErr_Occurred().is_null() {
+        return Err(if capi::PyErr_Occurred().is_null() {
             Outcome::Stock
         } else {
             Outcome::Error
@@ -206,28 +206,28 @@ pub(super) unsafe fn reg_hooks(
 /// final value, or null with an exception set.
 pub(super) unsafe fn run_reg_hooks(
     g: &Globals,
-    which: *mut ffi::PyObject,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    which: *mut capi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let hooks = match reg_hooks(g, which) {
         // Empty: the loop would not run.
         Ok(h) if matches!(hook_dict_len(h, g.odict), Some(0)) => {
-            ffi::Py_INCREF(value);
+            capi::Py_INCREF(value);
             return value;
         }
         Ok(h) => Owned::from_borrowed(std::ptr::NonNull::new_unchecked(h)),
         Err(Outcome::Error) => return std::ptr::null_mut(),
         Err(_) => {
-            let h = ffi::PyObject_GetItem(g.module_globals, which);
+            let h = capi::PyObject_GetItem(g.module_globals, which);
             match Owned::from_owned_ptr(h) {
                 Some(h) => h,
                 None => {
-                    if ffi::PyErr_ExceptionMatches(ffi::PyExc_KeyError) != 0 {
-                        ffi::PyErr_Clear();
-                        ffi::PyErr_Format(
-                            ffi::PyExc_NameError,
+                    if capi::PyErr_ExceptionMatches(capi::PyExc_KeyError) != 0 {
+                        capi::PyErr_Clear();
+                        capi::PyErr_Format(
+                            capi::PyExc_NameError,
                             c"name '%U' is not defined".as_ptr(),
                             which,
                         );
@@ -237,58 +237,58 @@ pub(super) unsafe fn run_reg_hooks(
             }
         }
     };
-    ffi::Py_INCREF(value);
+    capi::Py_INCREF(value);
     let mut value = value;
-    let values = ffi::PyObject_CallMethod(hooks.as_ptr(), c"values".as_ptr(), std::ptr::null());
+    let values = capi::PyObject_CallMethod(hooks.as_ptr(), c"values".as_ptr(), std::ptr::null());
     drop(hooks);
     let it = if values.is_null() {
         values
     } else {
-        ffi::PyObject_GetIter(values)
+        capi::PyObject_GetIter(values)
     };
-    ffi::Py_XDECREF(values);
+    capi::Py_XDECREF(values);
     if it.is_null() {
-        ffi::Py_DECREF(value);
+        capi::Py_DECREF(value);
         return it;
     }
     loop {
-        let hook = ffi::PyIter_Next(it);
+        let hook = capi::PyIter_Next(it);
         if hook.is_null() {
             break;
         }
-        let out = ffi::PyObject_CallFunctionObjArgs(
+        let out = capi::PyObject_CallFunctionObjArgs(
             hook,
             obj,
             name,
             value,
-            std::ptr::null_mut::<ffi::PyObject>(),
+            std::ptr::null_mut::<capi::PyObject>(),
         );
-        ffi::Py_DECREF(hook);
+        capi::Py_DECREF(hook);
         if out.is_null() {
-            ffi::Py_DECREF(it);
-            ffi::Py_DECREF(value);
+            capi::Py_DECREF(it);
+            capi::Py_DECREF(value);
             return out;
         }
-        if out == ffi::Py_None() {
-            ffi::Py_DECREF(out);
+        if out == capi::Py_None() {
+            capi::Py_DECREF(out);
         } else {
-            ffi::Py_DECREF(value);
+            capi::Py_DECREF(value);
             value = out;
         }
     }
-    ffi::Py_DECREF(it);
-    if !ffi::PyErr_Occurred().is_null() {
-        ffi::Py_DECREF(value);
+    capi::Py_DECREF(it);
+    if !capi::PyErr_Occurred().is_null() {
+        capi::Py_DECREF(value);
         return std::ptr::null_mut();
     }
     value
 }
 
-pub(super) fn status(r: *mut ffi::PyObject) -> Outcome {
+pub(super) fn status(r: *mut capi::PyObject) -> Outcome {
     if r.is_null() {
         Outcome::Error
     } else {
-        unsafe { ffi::Py_DECREF(r) };
+        unsafe { capi::Py_DECREF(r) };
         Outcome::Done
     }
 }
@@ -296,9 +296,9 @@ pub(super) fn status(r: *mut ffi::PyObject) -> Outcome {
 /// `KeyError/TypeError` helpers shared by the three register functions.
 pub(super) unsafe fn raise_typename(
     g: &Globals,
-    exc: *mut ffi::PyObject,
+    exc: *mut capi::PyObject,
     before: &std::ffi::CStr,
-    obj: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
     after: &[Part<'_>],
 ) -> Outcome {
     let t = typename(g, obj);
@@ -308,7 +308,7 @@ pub(super) unsafe fn raise_typename(
     let mut parts = vec![Part::Lit(before), Part::Obj(t)];
     parts.extend_from_slice(after);
     raise(g, exc, &parts);
-    ffi::Py_DECREF(t);
+    capi::Py_DECREF(t);
     Outcome::Error
 }
 
@@ -316,10 +316,10 @@ pub(super) unsafe fn raise_typename(
 /// stock order; `reg` is the registry name, `msgs` the texts for it.
 pub(super) unsafe fn check_name(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    dict: *mut ffi::PyObject,
-    reg: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    dict: *mut capi::PyObject,
+    reg: *mut capi::PyObject,
     msgs: &NameMsgs,
 ) -> Outcome {
     match if dict.is_null() {
@@ -329,25 +329,25 @@ pub(super) unsafe fn check_name(
     } {
         Ok(true) => {}
         Ok(false) => {
-            ffi::PyErr_SetString(ffi::PyExc_AttributeError, msgs.before_init.as_ptr());
+            capi::PyErr_SetString(capi::PyExc_AttributeError, msgs.before_init.as_ptr());
             return Outcome::Error;
         }
         Err(()) => return Outcome::Error,
     }
-    if ffi::PyUnicode_Check(name) == 0 {
-        return raise_typename(g, ffi::PyExc_TypeError, msgs.not_str, name, &[]);
+    if capi::PyUnicode_Check(name) == 0 {
+        return raise_typename(g, capi::PyExc_TypeError, msgs.not_str, name, &[]);
     }
     match contains(name, g.names.dot) {
         Ok(true) => {
-            raise(g, ffi::PyExc_KeyError, &[Part::Lit(msgs.dot)]);
+            raise(g, capi::PyExc_KeyError, &[Part::Lit(msgs.dot)]);
             return Outcome::Error;
         }
         Ok(false) => {}
         Err(()) => return Outcome::Error,
     }
-    match ffi::PyObject_RichCompareBool(name, g.names.empty, ffi::Py_EQ) {
+    match capi::PyObject_RichCompareBool(name, g.names.empty, capi::Py_EQ) {
         1 => {
-            raise(g, ffi::PyExc_KeyError, &[Part::Lit(msgs.empty)]);
+            raise(g, capi::PyExc_KeyError, &[Part::Lit(msgs.empty)]);
             return Outcome::Error;
         }
         0 => {}
@@ -358,7 +358,7 @@ pub(super) unsafe fn check_name(
         Ok(true) => {
             raise(
                 g,
-                ffi::PyExc_KeyError,
+                capi::PyExc_KeyError,
                 &[
                     Part::Lit(c"attribute '"),
                     Part::Obj(name),
@@ -381,25 +381,25 @@ pub(super) struct NameMsgs {
 /// `self.<name>` as a new reference: the instance `__dict__` when that is
 /// what `object.__getattribute__` would return, else the full lookup.
 pub(super) unsafe fn attr_of(
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    if let Plain::Found(v) = plain_attr(ffi::Py_TYPE(obj), instance_dict(obj), name) {
-        ffi::Py_INCREF(v);
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    if let Plain::Found(v) = plain_attr(capi::Py_TYPE(obj), instance_dict(obj), name) {
+        capi::Py_INCREF(v);
         return v;
     }
-    if !ffi::PyErr_Occurred().is_null() {
+    if !capi::PyErr_Occurred().is_null() {
         return std::ptr::null_mut();
     }
-    ffi::PyObject_GetAttr(obj, name)
+    capi::PyObject_GetAttr(obj, name)
 }
 
 /// `hasattr(self, name) and name not in self.<reg>`.
 pub(super) unsafe fn already_exists(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    reg: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    reg: *mut capi::PyObject,
 ) -> Result<bool, ()> {
     if !has_attr(g, obj, name)? {
         return Ok(false);
@@ -409,23 +409,23 @@ pub(super) unsafe fn already_exists(
         return Err(());
     }
     let inside = contains(r, name);
-    ffi::Py_DECREF(r);
+    capi::Py_DECREF(r);
     Ok(!inside?)
 }
 
 /// `self.<reg>[name] = value`.
 pub(super) unsafe fn store(
-    obj: *mut ffi::PyObject,
-    reg: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    reg: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
 ) -> Outcome {
     let r = attr_of(obj, reg);
     if r.is_null() {
         return Outcome::Error;
     }
-    let rc = ffi::PyObject_SetItem(r, name, value);
-    ffi::Py_DECREF(r);
+    let rc = capi::PyObject_SetItem(r, name, value);
+    capi::Py_DECREF(r);
     if rc < 0 {
         Outcome::Error
     } else {

@@ -12,18 +12,18 @@ use super::preconditions::{
     already_exists, attr_of, check_name, contains, is_parameter, raise_typename, run_reg_hooks,
     status, store, truth, NameMsgs, Outcome,
 };
+use crate::cpython::capi;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::instance_dict;
 use crate::torch_api::errors::{raise, Part};
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 
 /// Body of `Module.register_parameter(name, param)`.
 pub unsafe fn register_parameter(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    param: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    param: *mut capi::PyObject,
 ) -> Outcome {
     let n = &g.names;
     let dict = instance_dict(obj);
@@ -37,7 +37,7 @@ pub unsafe fn register_parameter(
         Outcome::Done => {}
         other => return other,
     }
-    if param == ffi::Py_None() {
+    if param == capi::Py_None() {
         return store(obj, n.parameters, name, param);
     }
     match is_parameter(g, param) {
@@ -45,7 +45,7 @@ pub unsafe fn register_parameter(
         Ok(false) => {
             return raise_typename(
                 g,
-                ffi::PyExc_TypeError,
+                capi::PyExc_TypeError,
                 c"cannot assign '",
                 param,
                 &[
@@ -57,18 +57,18 @@ pub unsafe fn register_parameter(
         }
         Err(()) => return Outcome::Error,
     }
-    let grad_fn = ffi::PyObject_GetAttr(param, n.grad_fn);
+    let grad_fn = capi::PyObject_GetAttr(param, n.grad_fn);
     if grad_fn.is_null() {
         return Outcome::Error;
     }
     let non_leaf = truth(grad_fn);
-    ffi::Py_DECREF(grad_fn);
+    capi::Py_DECREF(grad_fn);
     match non_leaf {
         Ok(false) => {}
         Ok(true) => {
             raise(
                 g,
-                ffi::PyExc_ValueError,
+                capi::PyExc_ValueError,
                 &[
                     Part::Lit(c"Cannot assign non-leaf Tensor to parameter '"),
                     Part::Obj(name),
@@ -86,24 +86,24 @@ pub unsafe fn register_parameter(
         return Outcome::Error;
     }
     let r = store(obj, n.parameters, name, value);
-    ffi::Py_DECREF(value);
+    capi::Py_DECREF(value);
     r
 }
 
 /// Body of `Module.register_buffer(name, tensor, persistent)`.
 pub unsafe fn register_buffer(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    tensor: *mut ffi::PyObject,
-    persistent: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    tensor: *mut capi::PyObject,
+    persistent: *mut capi::PyObject,
 ) -> Outcome {
     let n = &g.names;
-    if persistent == ffi::Py_False() {
-        match ffi::PyObject_IsInstance(obj, g.script_module) {
+    if persistent == capi::Py_False() {
+        match capi::PyObject_IsInstance(obj, g.script_module) {
             1 => {
-                ffi::PyErr_SetString(
-                    ffi::PyExc_RuntimeError,
+                capi::PyErr_SetString(
+                    capi::PyExc_RuntimeError,
                     c"ScriptModule does not support non-persistent buffers".as_ptr(),
                 );
                 return Outcome::Error;
@@ -123,8 +123,8 @@ pub unsafe fn register_buffer(
         Outcome::Done => {}
         other => return other,
     }
-    if tensor != ffi::Py_None() {
-        let ok = match ffi::PyObject_IsInstance(tensor, g.tensor as *mut ffi::PyObject) {
+    if tensor != capi::Py_None() {
+        let ok = match capi::PyObject_IsInstance(tensor, g.tensor as *mut capi::PyObject) {
             1 => true,
             0 => match crate::instance::attributes::has_attr_generic(tensor, n.torch_function) {
                 Ok(b) => b,
@@ -135,7 +135,7 @@ pub unsafe fn register_buffer(
         if !ok {
             return raise_typename(
                 g,
-                ffi::PyExc_TypeError,
+                capi::PyExc_TypeError,
                 c"cannot assign '",
                 tensor,
                 &[
@@ -151,7 +151,7 @@ pub unsafe fn register_buffer(
         return Outcome::Error;
     }
     let r = store(obj, n.buffers, name, value);
-    ffi::Py_DECREF(value);
+    capi::Py_DECREF(value);
     if !matches!(r, Outcome::Done) {
         return r;
     }
@@ -164,26 +164,26 @@ pub unsafe fn register_buffer(
         return Outcome::Error;
     }
     let method: &std::ffi::CStr = if keep { c"discard" } else { c"add" };
-    let r = ffi::PyObject_CallMethod(set, method.as_ptr(), c"O".as_ptr(), name);
-    ffi::Py_DECREF(set);
+    let r = capi::PyObject_CallMethod(set, method.as_ptr(), c"O".as_ptr(), name);
+    capi::Py_DECREF(set);
     status(r)
 }
 
 /// Body of `Module.add_module(name, module)`.
 pub unsafe fn add_module(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    module: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    module: *mut capi::PyObject,
 ) -> Outcome {
     let n = &g.names;
-    if module != ffi::Py_None() {
-        match ffi::PyObject_IsInstance(module, g.nn_module as *mut ffi::PyObject) {
+    if module != capi::Py_None() {
+        match capi::PyObject_IsInstance(module, g.nn_module as *mut capi::PyObject) {
             1 => {}
             0 => {
                 return raise_typename(
                     g,
-                    ffi::PyExc_TypeError,
+                    capi::PyExc_TypeError,
                     c"",
                     module,
                     &[Part::Lit(c" is not a Module subclass")],
@@ -192,10 +192,10 @@ pub unsafe fn add_module(
             _ => return Outcome::Error,
         }
     }
-    if ffi::PyUnicode_Check(name) == 0 {
+    if capi::PyUnicode_Check(name) == 0 {
         return raise_typename(
             g,
-            ffi::PyExc_TypeError,
+            capi::PyExc_TypeError,
             c"module name should be a string. Got ",
             name,
             &[],
@@ -206,7 +206,7 @@ pub unsafe fn add_module(
         Ok(true) => {
             raise(
                 g,
-                ffi::PyExc_KeyError,
+                capi::PyExc_KeyError,
                 &[
                     Part::Lit(c"attribute '"),
                     Part::Obj(name),
@@ -221,7 +221,7 @@ pub unsafe fn add_module(
         Ok(true) => {
             raise(
                 g,
-                ffi::PyExc_KeyError,
+                capi::PyExc_KeyError,
                 &[
                     Part::Lit(c"module name can't contain \".\", got: "),
                     Part::Obj(name),
@@ -232,11 +232,11 @@ pub unsafe fn add_module(
         Ok(false) => {}
         Err(()) => return Outcome::Error,
     }
-    match ffi::PyObject_RichCompareBool(name, n.empty, ffi::Py_EQ) {
+    match capi::PyObject_RichCompareBool(name, n.empty, capi::Py_EQ) {
         1 => {
             raise(
                 g,
-                ffi::PyExc_KeyError,
+                capi::PyExc_KeyError,
                 &[Part::Lit(c"module name can't be empty string \"\"")],
             );
             return Outcome::Error;
@@ -249,7 +249,7 @@ pub unsafe fn add_module(
         return Outcome::Error;
     }
     let r = store(obj, n.modules, name, value);
-    ffi::Py_DECREF(value);
+    capi::Py_DECREF(value);
     r
 }
 
@@ -257,30 +257,30 @@ pub unsafe fn add_module(
 /// Only then may a fast path run its body natively instead of calling it.
 #[inline(always)]
 pub unsafe fn native_method(
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    orig: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    orig: *mut capi::PyObject,
 ) -> bool {
-    type_lookup(ffi::Py_TYPE(obj), name) == orig
+    type_lookup(capi::Py_TYPE(obj), name) == orig
 }
 
 /// `self.register_parameter(name, value)` as stock dispatches it.
 pub(super) unsafe fn dispatch_register_parameter(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
     native: bool,
 ) -> Outcome {
     if native {
         register_parameter(g, obj, name, value)
     } else {
-        status(ffi::PyObject_CallMethodObjArgs(
+        status(capi::PyObject_CallMethodObjArgs(
             obj,
             g.names.register_parameter,
             name,
             value,
-            std::ptr::null_mut::<ffi::PyObject>(),
+            std::ptr::null_mut::<capi::PyObject>(),
         ))
     }
 }

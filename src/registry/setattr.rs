@@ -6,15 +6,15 @@ use super::preconditions::{
     status, Kind, Outcome,
 };
 use super::register::{dispatch_register_parameter, native_method};
+use crate::cpython::capi;
 use crate::cpython::{quiet, Owned};
 use crate::instance::attributes::{dict_get, instance_dict};
 use crate::torch_api::errors::Part;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 
 /// Is a global registration hook dict empty? Err(Stock) when unusual.
-unsafe fn no_reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<bool, Outcome> {
+unsafe fn no_reg_hooks(g: &Globals, which: *mut capi::PyObject) -> Result<bool, Outcome> {
     let h = reg_hooks(g, which)?;
     Ok(matches!(hook_dict_len(h, g.odict), Some(0)))
 }
@@ -22,18 +22,18 @@ unsafe fn no_reg_hooks(g: &Globals, which: *mut ffi::PyObject) -> Result<bool, O
 /// `self.__dict__.get(<registry>)` of a quiet instance dict (no code runs):
 /// Ok(null) for a missing or None entry, Err(Stock) unless it is a quiet dict.
 unsafe fn optional_registry(
-    dict: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-) -> Result<*mut ffi::PyObject, Outcome> {
+    dict: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> Result<*mut capi::PyObject, Outcome> {
     let r = dict_get(dict, name);
     if r.is_null() {
-        return if ffi::PyErr_Occurred().is_null() {
+        return if capi::PyErr_Occurred().is_null() {
             Ok(r)
         } else {
             Err(Outcome::Error)
         };
     }
-    if r == ffi::Py_None() {
+    if r == capi::Py_None() {
         return Ok(std::ptr::null_mut());
     }
     if quiet::dict(r) {
@@ -45,8 +45,8 @@ unsafe fn optional_registry(
 
 /// `name in reg` for a quiet registry (no code runs, no error possible but
 /// reported if it came).
-unsafe fn in_quiet(reg: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Result<bool, Outcome> {
-    match ffi::PyDict_Contains(reg, name) {
+unsafe fn in_quiet(reg: *mut capi::PyObject, name: *mut capi::PyObject) -> Result<bool, Outcome> {
+    match capi::PyDict_Contains(reg, name) {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(Outcome::Error),
@@ -61,18 +61,18 @@ unsafe fn in_quiet(reg: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Result<
 /// torch holds in locals held here too.
 unsafe fn setattr_fast(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
 ) -> Outcome {
-    if ffi::PyUnicode_CheckExact(name) == 0 {
+    if capi::PyUnicode_CheckExact(name) == 0 {
         return Outcome::Stock;
     }
     let dict = instance_dict(obj);
     if dict.is_null() || !quiet::dict(dict) {
         return Outcome::Stock;
     }
-    let tp = ffi::Py_TYPE(obj);
+    let tp = capi::Py_TYPE(obj);
     let n = &g.names;
     let kind = classify(g, value);
     if matches!(kind, Kind::Unusual) {
@@ -84,8 +84,8 @@ unsafe fn setattr_fast(
     };
     if matches!(kind, Kind::Param) {
         if params.is_null() {
-            ffi::PyErr_SetString(
-                ffi::PyExc_AttributeError,
+            capi::PyErr_SetString(
+                capi::PyExc_AttributeError,
                 c"cannot assign parameters before Module.__init__() call".as_ptr(),
             );
             return Outcome::Error;
@@ -128,10 +128,10 @@ unsafe fn setattr_fast(
     if !params.is_null() {
         match in_quiet(params, name) {
             Ok(true) => {
-                if value != ffi::Py_None() {
+                if value != capi::Py_None() {
                     return raise_typename(
                         g,
-                        ffi::PyExc_TypeError,
+                        capi::PyExc_TypeError,
                         c"cannot assign '",
                         value,
                         &[
@@ -154,8 +154,8 @@ unsafe fn setattr_fast(
     };
     if matches!(kind, Kind::Module) {
         if modules.is_null() {
-            ffi::PyErr_SetString(
-                ffi::PyExc_AttributeError,
+            capi::PyErr_SetString(
+                capi::PyExc_AttributeError,
                 c"cannot assign module before Module.__init__() call".as_ptr(),
             );
             return Outcome::Error;
@@ -192,10 +192,10 @@ unsafe fn setattr_fast(
     if !modules.is_null() {
         match in_quiet(modules, name) {
             Ok(true) => {
-                if value != ffi::Py_None() {
+                if value != capi::Py_None() {
                     return raise_typename(
                         g,
-                        ffi::PyExc_TypeError,
+                        capi::PyExc_TypeError,
                         c"cannot assign '",
                         value,
                         &[
@@ -231,7 +231,7 @@ unsafe fn setattr_fast(
             Err(o) => return o,
         }
     }
-    if ffi::PyObject_GenericSetAttr(obj, name, value) < 0 {
+    if capi::PyObject_GenericSetAttr(obj, name, value) < 0 {
         Outcome::Error
     } else {
         Outcome::Done
@@ -243,16 +243,16 @@ unsafe fn setattr_fast(
 /// `modules[name] = value` into the `_modules` torch read first.
 unsafe fn store_child(
     g: &Globals,
-    obj: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
     modules: &Owned,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
 ) -> Outcome {
     let value = run_reg_hooks(g, g.names.global_module_reg_hooks, obj, name, value);
     let Some(value) = Owned::from_owned_ptr(value) else {
         return Outcome::Error;
     };
-    if ffi::PyDict_SetItem(modules.as_ptr(), name, value.as_ptr()) < 0 {
+    if capi::PyDict_SetItem(modules.as_ptr(), name, value.as_ptr()) < 0 {
         Outcome::Error
     } else {
         Outcome::Done
@@ -264,15 +264,19 @@ unsafe fn store_child(
 /// until the delete), the delete, and for a buffer
 /// `self._non_persistent_buffers_set.discard(name)` read after it, as torch
 /// reads it (the deleted value's finalizer may have replaced the set).
-unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyObject) -> Outcome {
-    if ffi::PyUnicode_CheckExact(name) == 0 {
+unsafe fn delattr_fast(
+    g: &Globals,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> Outcome {
+    if capi::PyUnicode_CheckExact(name) == 0 {
         return Outcome::Stock;
     }
     let dict = instance_dict(obj);
     if dict.is_null() {
         return Outcome::Stock;
     }
-    let tp = ffi::Py_TYPE(obj);
+    let tp = capi::Py_TYPE(obj);
     let n = &g.names;
     let [ps, bufs, mods] = match exact_attrs(
         tp,
@@ -294,7 +298,7 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
                 let Ok([reg]) = hold([reg]) else {
                     return Outcome::Stock;
                 };
-                if ffi::PyDict_DelItem(reg.as_ptr(), name) < 0 {
+                if capi::PyDict_DelItem(reg.as_ptr(), name) < 0 {
                     return Outcome::Error;
                 }
                 drop(reg);
@@ -307,7 +311,7 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
             Err(o) => return o,
         }
     }
-    if ffi::PyObject_GenericSetAttr(obj, name, std::ptr::null_mut()) < 0 {
+    if capi::PyObject_GenericSetAttr(obj, name, std::ptr::null_mut()) < 0 {
         Outcome::Error
     } else {
         Outcome::Done
@@ -316,20 +320,20 @@ unsafe fn delattr_fast(g: &Globals, obj: *mut ffi::PyObject, name: *mut ffi::PyO
 
 /// `self._non_persistent_buffers_set.discard(name)`, the set read now.
 unsafe fn discard_non_persistent(
-    obj: *mut ffi::PyObject,
-    set_name: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    set_name: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> Outcome {
     let Some(set) = Owned::from_owned_ptr(attr_of(obj, set_name)) else {
         return Outcome::Error;
     };
-    if ffi::PySet_CheckExact(set.as_ptr()) != 0 {
-        if ffi::PySet_Discard(set.as_ptr(), name) < 0 {
+    if capi::PySet_CheckExact(set.as_ptr()) != 0 {
+        if capi::PySet_Discard(set.as_ptr(), name) < 0 {
             return Outcome::Error;
         }
         return Outcome::Done;
     }
-    status(ffi::PyObject_CallMethod(
+    status(capi::PyObject_CallMethod(
         set.as_ptr(),
         c"discard".as_ptr(),
         c"O".as_ptr(),
@@ -341,9 +345,9 @@ unsafe fn discard_non_persistent(
 /// name)` for a fast instance; Stock means "run torch's function".
 pub unsafe fn setattr_native(
     g: &Globals,
-    obj: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
-    value: *mut ffi::PyObject,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+    value: *mut capi::PyObject,
 ) -> Outcome {
     if value.is_null() {
         delattr_fast(g, obj, name)

@@ -28,10 +28,10 @@
 use super::preconditions::Outcome;
 use super::register::{add_module, native_method, register_buffer, register_parameter};
 use super::setattr::setattr_native;
+use crate::cpython::capi;
 use crate::cpython::vectorcall::{set_vectorcall, VECTORCALL_INLINED};
 use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::{globals, require, Globals};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use std::sync::OnceLock;
 
@@ -86,7 +86,7 @@ impl Which {
             | Which::RegisterModule => crate::call::slots::REGISTRATION,
         }
     }
-    fn function(self, g: &Globals) -> *mut ffi::PyObject {
+    fn function(self, g: &Globals) -> *mut capi::PyObject {
         let o = &g.orig;
         match self {
             Which::WrappedCallImpl => o.call,
@@ -101,18 +101,18 @@ impl Which {
     }
 }
 
-struct Saved([ffi::vectorcallfunc; 8]);
+struct Saved([capi::vectorcallfunc; 8]);
 static SAVED: OnceLock<Saved> = OnceLock::new();
 
 /// The function's original vectorcall (torch's Python code).
 #[inline(always)]
 unsafe fn original(
     which: Which,
-    callable: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    callable: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargsf: usize,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    kwnames: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     match SAVED.get() {
         Some(s) => (s.0[which.index()])(callable, args, nargsf, kwnames),
         None => crate::torch_api::errors::not_initialised(),
@@ -122,12 +122,12 @@ unsafe fn original(
 /// Match positional/keyword arguments against `params`; None for anything
 /// but a well-formed call (torch's function then raises the exact error).
 unsafe fn bind<const N: usize>(
-    args: *const *mut ffi::PyObject,
+    args: *const *mut capi::PyObject,
     nargs: usize,
-    kwnames: *mut ffi::PyObject,
+    kwnames: *mut capi::PyObject,
     params: [&std::ffi::CStr; N],
-    defaults: [*mut ffi::PyObject; N],
-) -> Option<[*mut ffi::PyObject; N]> {
+    defaults: [*mut capi::PyObject; N],
+) -> Option<[*mut capi::PyObject; N]> {
     if nargs > N {
         return None;
     }
@@ -136,12 +136,12 @@ unsafe fn bind<const N: usize>(
         *slot = *args.add(i);
     }
     if !kwnames.is_null() {
-        let nk = ffi::PyTuple_GET_SIZE(kwnames) as usize;
+        let nk = capi::PyTuple_GET_SIZE(kwnames) as usize;
         for j in 0..nk {
-            let key = ffi::PyTuple_GET_ITEM(kwnames, j as ffi::Py_ssize_t);
+            let key = capi::PyTuple_GET_ITEM(kwnames, j as capi::Py_ssize_t);
             let i = params
                 .iter()
-                .position(|p| ffi::PyUnicode_CompareWithASCIIString(key, p.as_ptr()) == 0)?;
+                .position(|p| capi::PyUnicode_CompareWithASCIIString(key, p.as_ptr()) == 0)?;
             if i < nargs {
                 return None;
             }
@@ -154,11 +154,11 @@ unsafe fn bind<const N: usize>(
     Some(out)
 }
 
-fn none_or_null(o: Outcome) -> Option<*mut ffi::PyObject> {
+fn none_or_null(o: Outcome) -> Option<*mut capi::PyObject> {
     match o {
         Outcome::Done => unsafe {
-            let none = ffi::Py_None();
-            ffi::Py_INCREF(none);
+            let none = capi::Py_None();
+            capi::Py_INCREF(none);
             Some(none)
         },
         Outcome::Error => Some(std::ptr::null_mut()),
@@ -170,11 +170,11 @@ fn none_or_null(o: Outcome) -> Option<*mut ffi::PyObject> {
 unsafe fn native(
     g: &Globals,
     which: Which,
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    slf: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargs: usize,
-    kwnames: *mut ffi::PyObject,
-) -> Option<*mut ffi::PyObject> {
+    kwnames: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
     let null = std::ptr::null_mut();
     match which {
         Which::WrappedCallImpl => {
@@ -202,7 +202,7 @@ unsafe fn native(
                 nargs,
                 kwnames,
                 [c"name", c"tensor", c"persistent"],
-                [null, null, ffi::Py_True()],
+                [null, null, capi::Py_True()],
             )?;
             none_or_null(register_buffer(g, slf, name, tensor, persistent))
         }
@@ -216,7 +216,7 @@ unsafe fn native(
             if native_method(slf, g.names.add_module, g.orig.add_module) {
                 none_or_null(add_module(g, slf, name, module))
             } else {
-                Some(ffi::PyObject_CallMethodObjArgs(
+                Some(capi::PyObject_CallMethodObjArgs(
                     slf,
                     g.names.add_module,
                     name,
@@ -231,12 +231,12 @@ unsafe fn native(
 #[inline(always)]
 unsafe fn entry(
     which: Which,
-    callable: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    callable: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargsf: usize,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let nargs = ffi::PyVectorcall_NARGS(nargsf) as usize;
+    kwnames: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let nargs = capi::PyVectorcall_NARGS(nargsf) as usize;
     if let Some(g) = globals() {
         // Under a tracer or profiler torch's function runs, with its frame.
         if nargs >= 1 && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
@@ -251,11 +251,11 @@ unsafe fn entry(
 macro_rules! vectorcall {
     ($fn_name:ident, $which:expr) => {
         unsafe extern "C" fn $fn_name(
-            callable: *mut ffi::PyObject,
-            args: *const *mut ffi::PyObject,
+            callable: *mut capi::PyObject,
+            args: *const *mut capi::PyObject,
             nargsf: usize,
-            kwnames: *mut ffi::PyObject,
-        ) -> *mut ffi::PyObject {
+            kwnames: *mut capi::PyObject,
+        ) -> *mut capi::PyObject {
             entry($which, callable, args, nargsf, kwnames)
         }
     };
@@ -269,7 +269,7 @@ vectorcall!(vc_register_buffer, Which::RegisterBuffer);
 vectorcall!(vc_add_module, Which::AddModule);
 vectorcall!(vc_register_module, Which::RegisterModule);
 
-fn ours(which: Which) -> ffi::vectorcallfunc {
+fn ours(which: Which) -> capi::vectorcallfunc {
     match which {
         Which::WrappedCallImpl => vc_wrapped_call_impl,
         Which::GetAttr => vc_getattr,
@@ -289,15 +289,15 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
     if SAVED.get().is_some() {
         return Ok(());
     }
-    let mut saved: Vec<ffi::vectorcallfunc> = Vec::with_capacity(ALL.len());
+    let mut saved: Vec<capi::vectorcallfunc> = Vec::with_capacity(ALL.len());
     for w in ALL {
         let f = w.function(g);
-        if unsafe { ffi::PyFunction_Check(f) } == 0 {
+        if unsafe { capi::PyFunction_Check(f) } == 0 {
             return Err(pyo3::exceptions::PyTypeError::new_err(
                 "torch.nn.Module method is not a Python function; fastmodule cannot serve it",
             ));
         }
-        let func = f as *mut ffi::PyFunctionObject;
+        let func = f as *mut capi::PyFunctionObject;
         match unsafe { crate::cpython::vectorcall::vectorcall_of(func) } {
             Some(vc) => saved.push(vc),
             None => {
@@ -307,7 +307,7 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
             }
         }
     }
-    let arr: [ffi::vectorcallfunc; 8] = match saved.try_into() {
+    let arr: [capi::vectorcallfunc; 8] = match saved.try_into() {
         Ok(a) => a,
         Err(_) => {
             return Err(pyo3::exceptions::PyRuntimeError::new_err(
@@ -320,7 +320,7 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
         .into_iter()
         .filter(|w| w.routed() && crate::call::slots::on(w.path()))
     {
-        unsafe { set_vectorcall(w.function(g) as *mut ffi::PyFunctionObject, ours(w)) };
+        unsafe { set_vectorcall(w.function(g) as *mut capi::PyFunctionObject, ours(w)) };
     }
     Ok(())
 }

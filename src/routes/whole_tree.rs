@@ -16,19 +16,19 @@
 //! `sys.monitoring` C_RETURN/C_RAISE events), which would change how every
 //! stock module runs; there torch's functions keep CPython's entry point and
 //! only the prefix routes.
+use crate::cpython::capi;
 use crate::cpython::private_api::custom_eval_frame;
 use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::{globals, require};
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;
 
 struct Route {
-    func: *mut ffi::PyObject,
-    original: ffi::vectorcallfunc,
-    body: *mut ffi::PyObject,
+    func: *mut capi::PyObject,
+    original: capi::vectorcallfunc,
+    body: *mut capi::PyObject,
 }
 struct Routes(Vec<Route>);
 // SAFETY: strong references, used with the GIL held.
@@ -53,15 +53,15 @@ unsafe fn compiling() -> bool {
     if !crate::cpython::quiet::dict(namespace.as_ptr()) {
         return true;
     }
-    let flag = ffi::PyDict_GetItemWithError(namespace.as_ptr(), name.as_ptr());
+    let flag = capi::PyDict_GetItemWithError(namespace.as_ptr(), name.as_ptr());
     if flag.is_null() {
-        if ffi::PyErr_Occurred().is_null() {
+        if capi::PyErr_Occurred().is_null() {
             return false; // this torch has no such flag
         }
-        ffi::PyErr_Clear(); // not raised by a quiet lookup; be safe anyway
+        capi::PyErr_Clear(); // not raised by a quiet lookup; be safe anyway
         return true;
     }
-    flag != ffi::Py_False()
+    flag != capi::Py_False()
 }
 
 /// The router's question for a call of torch's method with `slf` first: run
@@ -69,7 +69,7 @@ unsafe fn compiling() -> bool {
 /// not `torch.compiler.is_compiling()`, no trace or profile function set on
 /// this thread: debuggers, profilers and coverage see torch's frames)?
 #[inline(always)]
-unsafe fn to_body(slf: *mut ffi::PyObject) -> bool {
+unsafe fn to_body(slf: *mut capi::PyObject) -> bool {
     globals().is_some_and(|g| {
         is_fast_instance(g, slf)
             && !custom_eval_frame()
@@ -79,19 +79,19 @@ unsafe fn to_body(slf: *mut ffi::PyObject) -> bool {
 }
 
 unsafe extern "C" fn routed(
-    callable: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    callable: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargsf: usize,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
+    kwnames: *mut capi::PyObject,
+) -> *mut capi::PyObject {
     let Some(routes) = ROUTES.get() else {
         return crate::torch_api::errors::not_initialised();
     };
     let Some(route) = routes.0.iter().find(|r| r.func == callable) else {
         return crate::torch_api::errors::not_initialised();
     };
-    if ffi::PyVectorcall_NARGS(nargsf) >= 1 && to_body(*args) {
-        return ffi::PyObject_Vectorcall(route.body, args, nargsf, kwnames);
+    if capi::PyVectorcall_NARGS(nargsf) >= 1 && to_body(*args) {
+        return capi::PyObject_Vectorcall(route.body, args, nargsf, kwnames);
     }
     (route.original)(callable, args, nargsf, kwnames)
 }
@@ -100,20 +100,20 @@ unsafe extern "C" fn routed(
 /// [`to_body`]. The Python function it is installed on answers `False`, which
 /// is what Dynamo sees when it traces torch's prefixed code.
 unsafe extern "C" fn route_check(
-    _callable: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
+    _callable: *mut capi::PyObject,
+    args: *const *mut capi::PyObject,
     nargsf: usize,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let fast = ffi::PyVectorcall_NARGS(nargsf) == 1
-        && (kwnames.is_null() || ffi::PyTuple_GET_SIZE(kwnames) == 0)
+    kwnames: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let fast = capi::PyVectorcall_NARGS(nargsf) == 1
+        && (kwnames.is_null() || capi::PyTuple_GET_SIZE(kwnames) == 0)
         && to_body(*args);
     let out = if fast {
-        ffi::Py_True()
+        capi::Py_True()
     } else {
-        ffi::Py_False()
+        capi::Py_False()
     };
-    ffi::Py_IncRef(out);
+    capi::Py_IncRef(out);
     out
 }
 
@@ -125,14 +125,14 @@ pub fn install_check(
     namespace: &Bound<'_, PyDict>,
     flag: &Bound<'_, pyo3::types::PyString>,
 ) -> PyResult<()> {
-    if unsafe { ffi::PyFunction_Check(func.as_ptr()) } == 0 {
+    if unsafe { capi::PyFunction_Check(func.as_ptr()) } == 0 {
         return Err(pyo3::exceptions::PyTypeError::new_err(
             "install_route_check expects a Python function",
         ));
     }
     unsafe {
         crate::cpython::vectorcall::set_vectorcall(
-            func.as_ptr() as *mut ffi::PyFunctionObject,
+            func.as_ptr() as *mut capi::PyFunctionObject,
             route_check,
         )
     };
@@ -158,16 +158,16 @@ pub fn install(
     if ROUTES.get().is_some() {
         return Ok(());
     }
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) };
     let nn_dict = nn_module.getattr("__dict__")?;
     let mut routes = Vec::new();
     let mut copies_taken = Vec::new();
     for (name, body) in bodies.iter() {
         let func = nn_dict.get_item(&name)?;
-        if unsafe { ffi::PyFunction_Check(func.as_ptr()) } == 0 {
+        if unsafe { capi::PyFunction_Check(func.as_ptr()) } == 0 {
             continue;
         }
-        let f = func.as_ptr() as *mut ffi::PyFunctionObject;
+        let f = func.as_ptr() as *mut capi::PyFunctionObject;
         let Some(original) = (unsafe { crate::cpython::vectorcall::vectorcall_of(f) }) else {
             return Err(PyRuntimeError::new_err(
                 "torch.nn.Module method has no vectorcall",
@@ -183,13 +183,13 @@ pub fn install(
             body: body.into_ptr(),
         });
     }
-    let funcs: Vec<*mut ffi::PyObject> = routes.iter().map(|r| r.func).collect();
+    let funcs: Vec<*mut capi::PyObject> = routes.iter().map(|r| r.func).collect();
     let _ = ROUTES.set(Routes(routes));
     crate::torch_api::torch_code::keep(copies_taken);
     if crate::cpython::vectorcall::VECTORCALL_INLINED {
         for f in funcs {
             unsafe {
-                crate::cpython::vectorcall::set_vectorcall(f as *mut ffi::PyFunctionObject, routed)
+                crate::cpython::vectorcall::set_vectorcall(f as *mut capi::PyFunctionObject, routed)
             };
         }
     }

@@ -22,6 +22,7 @@
 //! exactly when the tensor already has the target dtype/device; the closure is
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
+use crate::cpython::capi;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{data_attr, instance_attr, truthy};
@@ -30,7 +31,6 @@ use crate::instance::registries::Items;
 use crate::torch_api::originals::Globals;
 use crate::walk::children::for_each_child;
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -235,7 +235,7 @@ fn spec_of<'py>(
     dtypes: &[Py<PyAny>],
     f: &Bound<'py, PyAny>,
 ) -> PyResult<Spec<'py>> {
-    if unsafe { ffi::PyFunction_Check(f.as_ptr()) } == 0 {
+    if unsafe { capi::PyFunction_Check(f.as_ptr()) } == 0 {
         return Ok(Spec::Unknown);
     }
     // The closure's result is known only while the Tensor methods it calls
@@ -413,8 +413,8 @@ fn quiet_instance_dict(module: &Bound<'_, PyAny>) -> bool {
     }
 }
 
-fn exact(t: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> bool {
-    unsafe { ffi::Py_TYPE(t.as_ptr()) == tp }
+fn exact(t: &Bound<'_, PyAny>, tp: *mut capi::PyTypeObject) -> bool {
+    unsafe { capi::Py_TYPE(t.as_ptr()) == tp }
 }
 
 /// The local variables of torch's `_apply` that hold tensors, in the order

@@ -2,9 +2,9 @@
 //! child name (same entries, same order) instead of torch's scan of the
 //! whole dict per child; None wherever torch's own scan must decide.
 use super::load_from_state_dict::exact_dict;
+use crate::cpython::capi;
 use crate::cpython::strs::ascii_bytes;
 use crate::instance::attributes::exact_str;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -46,7 +46,7 @@ pub(super) fn build_buckets<'py>(
     // first, by reading the table: iterating an `OrderedDict` looks each key
     // up, which runs a colliding key's `__eq__`.
     if !exact_str(prefix)
-        || (unsafe { ffi::PyDict_Check(local.as_ptr()) } != 0
+        || (unsafe { capi::PyDict_Check(local.as_ptr()) } != 0
             && !unsafe { crate::cpython::str_keys::all_str(local.as_ptr()) })
     {
         return Ok(None);
@@ -58,8 +58,8 @@ pub(super) fn build_buckets<'py>(
             return Ok(None);
         }
         let n = name.as_ptr();
-        let len = unsafe { ffi::PyUnicode_GET_LENGTH(n) };
-        match unsafe { ffi::PyUnicode_FindChar(n, '.' as u32, 0, len, 1) } {
+        let len = unsafe { capi::PyUnicode_GET_LENGTH(n) };
+        match unsafe { capi::PyUnicode_FindChar(n, '.' as u32, 0, len, 1) } {
             -2 => return Err(PyErr::fetch(py)),
             -1 => {}
             _ => return Ok(None),
@@ -110,18 +110,18 @@ pub(super) fn build_buckets<'py>(
                 bucket.set_item(key, value)?;
                 return Ok(true);
             }
-            let len = ffi::PyUnicode_GET_LENGTH(k);
-            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1 {
+            let len = capi::PyUnicode_GET_LENGTH(k);
+            if capi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1 {
                 return Ok(true);
             }
-            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
+            let dot = capi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
             if dot == -2 {
                 return Err(PyErr::fetch(py));
             }
             if dot < 0 {
                 return Ok(true);
             }
-            let head = Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
+            let head = Bound::from_owned_ptr_or_err(py, capi::PyUnicode_Substring(k, start, dot))?;
             let bucket = match out.get_item(&head)? {
                 Some(b) => b,
                 None => {
@@ -141,10 +141,10 @@ pub(super) fn build_buckets<'py>(
     if exact_dict(local) {
         // An exact dict iterates in its own order, with no code run.
         let d = local.as_ptr();
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        while unsafe { ffi::PyDict_Next(d, &mut pos, &mut k, &mut v) } != 0 {
+        let mut pos: capi::Py_ssize_t = 0;
+        let mut k: *mut capi::PyObject = std::ptr::null_mut();
+        let mut v: *mut capi::PyObject = std::ptr::null_mut();
+        while unsafe { capi::PyDict_Next(d, &mut pos, &mut k, &mut v) } != 0 {
             let (key, value) = unsafe {
                 (
                     Bound::from_borrowed_ptr(py, k),

@@ -4,17 +4,17 @@
 //! own `_load_from_state_dict` before anything of it was touched.
 use super::buckets::NameSet;
 use super::load_state_dict::{copy_all, is_dict_or_odict, plain_copy, CopyPair, Ctx};
+use crate::cpython::capi;
 use crate::cpython::strs::ascii_bytes;
 use crate::instance::attributes::{exact_str, instance_attr, instance_dict};
 use crate::instance::qualified_names::{self, Kind};
 use crate::torch_api::hooks::hook_dict_len;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySet};
 
 pub(super) fn exact_dict(o: &Bound<'_, PyAny>) -> bool {
-    unsafe { ffi::PyDict_CheckExact(o.as_ptr()) != 0 }
+    unsafe { capi::PyDict_CheckExact(o.as_ptr()) != 0 }
 }
 
 /// May torch's `_load_from_state_dict` of `module` be run natively?
@@ -26,7 +26,7 @@ pub(super) fn native_allowed<'py>(
     let g = ctx.g;
     unsafe {
         let m = module.as_ptr();
-        let tp = ffi::Py_TYPE(m);
+        let tp = capi::Py_TYPE(m);
         let lfsd = intern!(py, "_load_from_state_dict");
         let ses = intern!(py, "set_extra_state");
         if crate::cpython::type_cache::type_lookup(tp, lfsd.as_ptr())
@@ -43,7 +43,7 @@ pub(super) fn native_allowed<'py>(
         let d = instance_dict(m);
         if d.is_null()
             || !crate::cpython::quiet::dict(d)
-            || ffi::PyDict_Contains(d, lfsd.as_ptr()) != 0
+            || capi::PyDict_Contains(d, lfsd.as_ptr()) != 0
         {
             return Ok(false);
         }
@@ -111,7 +111,7 @@ pub(super) fn native_load_from_state_dict<'py>(
         }
     }
     let is_tensor = |t: &Bound<'py, PyAny>| unsafe {
-        let tp = ffi::Py_TYPE(t.as_ptr());
+        let tp = capi::Py_TYPE(t.as_ptr());
         tp == g.tensor || tp == g.parameter
     };
     let mut copies: Vec<CopyPair<'py>> = Vec::new();
@@ -143,13 +143,13 @@ pub(super) fn native_load_from_state_dict<'py>(
     // building it as a str (the same membership: str equality is byte equality).
     let ascii_names = |d: &Bound<'py, PyAny>| -> Option<NameSet<'py>> {
         let mut set = NameSet::default();
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut pos: capi::Py_ssize_t = 0;
+        let mut k: *mut capi::PyObject = std::ptr::null_mut();
+        let mut v: *mut capi::PyObject = std::ptr::null_mut();
         // SAFETY: exact dicts, iterated without running code; the names
         // outlive the scan (the dicts hold them and are not changed by it).
         unsafe {
-            while ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
+            while capi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
                 set.insert(ascii_bytes(k)?);
             }
         }
@@ -190,23 +190,23 @@ pub(super) fn native_load_from_state_dict<'py>(
                 }
                 continue;
             }
-            let len = ffi::PyUnicode_GET_LENGTH(k);
-            if ffi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1
+            let len = capi::PyUnicode_GET_LENGTH(k);
+            if capi::PyUnicode_Tailmatch(k, prefix.as_ptr(), 0, len, -1) != 1
                 || key.eq(&extra_state_key)?
             {
                 continue;
             }
-            let dot = ffi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
+            let dot = capi::PyUnicode_FindChar(k, '.' as u32, start, len, 1);
             if dot == -2 {
                 return Err(PyErr::fetch(py));
             }
             let known = if dot >= 0 {
                 let head =
-                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, dot))?;
+                    Bound::from_owned_ptr_or_err(py, capi::PyUnicode_Substring(k, start, dot))?;
                 modules.contains(&head)?
             } else {
                 let rest =
-                    Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_Substring(k, start, len))?;
+                    Bound::from_owned_ptr_or_err(py, capi::PyUnicode_Substring(k, start, len))?;
                 local_state.contains(&rest)?
             };
             if !known {

@@ -26,6 +26,7 @@
 //! what it warns with `stacklevel=2` is attributed as in torch.
 use super::buckets::build_buckets;
 use super::load_from_state_dict::{exact_dict, native_load_from_state_dict};
+use crate::cpython::capi;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::instance::attributes::{data_attr, exact_str, instance_dict, truthy};
 use crate::instance::qualified_names::{self, Kind};
@@ -33,7 +34,6 @@ use crate::instance::registries::Items;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -84,9 +84,9 @@ pub(super) struct Ctx<'py> {
     pub(super) post_hook_text: Bound<'py, PyAny>,
 }
 
-pub(super) unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> bool {
-    let t = ffi::Py_TYPE(o);
-    t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == g.odict
+pub(super) unsafe fn is_dict_or_odict(g: &Globals, o: *mut capi::PyObject) -> bool {
+    let t = capi::Py_TYPE(o);
+    t == std::ptr::addr_of_mut!(capi::PyDict_Type) || t == g.odict
 }
 
 /// Is `o` a dict or an `OrderedDict` whose method `name` (which torch's code
@@ -98,18 +98,18 @@ pub(super) unsafe fn is_dict_or_odict(g: &Globals, o: *mut ffi::PyObject) -> boo
 /// GIL held; `name` an exact str.
 pub(crate) unsafe fn plain_mapping(
     g: &Globals,
-    o: *mut ffi::PyObject,
-    name: *mut ffi::PyObject,
+    o: *mut capi::PyObject,
+    name: *mut capi::PyObject,
 ) -> bool {
-    let t = ffi::Py_TYPE(o);
-    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) {
+    let t = capi::Py_TYPE(o);
+    if t == std::ptr::addr_of_mut!(capi::PyDict_Type) {
         return true;
     }
     if t != g.odict {
         return false;
     }
     let d = instance_dict(o);
-    d.is_null() || (crate::cpython::quiet::dict(d) && ffi::PyDict_Contains(d, name) == 0)
+    d.is_null() || (crate::cpython::quiet::dict(d) && capi::PyDict_Contains(d, name) == 0)
 }
 
 /// `load(module, state_dict)` of torch's `load_state_dict`, from the root
@@ -222,7 +222,7 @@ pub(crate) fn plain_copy(
 ) -> PyResult<bool> {
     let py = param.py();
     let is_tensor = |t: &Bound<'_, PyAny>| unsafe {
-        let tp = ffi::Py_TYPE(t.as_ptr());
+        let tp = capi::Py_TYPE(t.as_ptr());
         tp == g.tensor || tp == g.parameter
     };
     let shape = intern!(py, "shape");
@@ -265,10 +265,10 @@ pub(super) fn copy_all<'py>(
 pub(crate) fn but_last<'py>(prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = prefix.py();
     unsafe {
-        let stop = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLong(-1))?;
+        let stop = Bound::from_owned_ptr_or_err(py, capi::PyLong_FromLong(-1))?;
         let slice = Bound::from_owned_ptr_or_err(
             py,
-            ffi::PySlice_New(ffi::Py_None(), stop.as_ptr(), ffi::Py_None()),
+            capi::PySlice_New(capi::Py_None(), stop.as_ptr(), capi::Py_None()),
         )?;
         prefix.get_item(slice)
     }
@@ -289,7 +289,7 @@ pub(super) fn local_metadata<'py>(
     if exact_str(&key) && unsafe { plain_mapping(ctx.g, md, intern!(py, "get").as_ptr()) } {
         // `dict.get` (`OrderedDict`'s is the same): the very lookup torch's
         // `.get` makes, running what it runs; the value is ours at once.
-        let v = unsafe { ffi::PyDict_GetItemWithError(md, key.as_ptr()) };
+        let v = unsafe { capi::PyDict_GetItemWithError(md, key.as_ptr()) };
         if v.is_null() {
             if let Some(e) = PyErr::take(py) {
                 return Err(e);

@@ -28,6 +28,7 @@
 //! live path does (`crate::state::state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
+use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
@@ -36,38 +37,37 @@ use crate::plans::parts::{
 };
 use crate::state::load_state_dict::{plain_copy, CopyPair};
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use std::cell::Cell;
 
 struct Visit {
     module: Checked,
     /// `_load_state_dict_pre_hooks`, `_load_state_dict_post_hooks`.
-    hooks: [*mut ffi::PyObject; 2],
+    hooks: [*mut capi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set).
-    non_persistent: *mut ffi::PyObject,
+    non_persistent: *mut capi::PyObject,
     /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
     metadata_key: Py<PyAny>,
     /// The local metadata the last full check found here (an exact dict or
     /// null: absent) with its version (see `Plan::metadata_seen`).
-    local_seen: Cell<(*mut ffi::PyObject, u64)>,
+    local_seen: Cell<(*mut capi::PyObject, u64)>,
     entries: (u32, u32),
 }
 
 struct Entry {
     /// Borrowed from the visit's unchanged registry.
-    tensor: *mut ffi::PyObject,
+    tensor: *mut capi::PyObject,
     /// `prefix + name` (owned; its hash is cached after the first lookup).
     key: Py<PyAny>,
     /// A buffer's name (a key of the unchanged `_buffers`); null for a
     /// parameter.
-    buffer: *mut ffi::PyObject,
+    buffer: *mut capi::PyObject,
     /// Was the buffer persistent when recorded?
     persistent: bool,
 }
 
 pub(crate) struct Plan {
-    root: *mut ffi::PyObject,
+    root: *mut capi::PyObject,
     visits: Vec<Visit>,
     entries: Vec<Entry>,
     max_depth: u32,
@@ -83,8 +83,8 @@ pub(crate) static TABLE: Table<Plan> = Table::new();
 
 /// torch's own `_load_from_state_dict` and `set_extra_state`.
 pub struct Originals {
-    pub load_from_state_dict: *mut ffi::PyObject,
-    pub set_extra_state: *mut ffi::PyObject,
+    pub load_from_state_dict: *mut capi::PyObject,
+    pub set_extra_state: *mut capi::PyObject,
 }
 
 /// The copies of `load(root, state_dict)`, in torch's order, from `root`'s
@@ -133,8 +133,8 @@ enum Check<'py> {
 /// The interned names [`copies_in_place`] reads (borrowed, immortal by
 /// interning).
 pub(crate) struct AssignNames {
-    get: *mut ffi::PyObject,
-    assign: *mut ffi::PyObject,
+    get: *mut capi::PyObject,
+    assign: *mut capi::PyObject,
 }
 
 impl AssignNames {
@@ -157,7 +157,7 @@ impl AssignNames {
 pub(crate) unsafe fn copies_in_place(
     g: &Globals,
     names: &AssignNames,
-    local_metadata: *mut ffi::PyObject,
+    local_metadata: *mut capi::PyObject,
 ) -> bool {
     if local_metadata.is_null() {
         return true;
@@ -169,17 +169,17 @@ pub(crate) unsafe fn copies_in_place(
     }
     // `dict.get` (`OrderedDict`'s is the same): only strs compared, so
     // nothing runs and nothing can fail.
-    let v = ffi::PyDict_GetItemWithError(local_metadata, names.assign);
+    let v = capi::PyDict_GetItemWithError(local_metadata, names.assign);
     if v.is_null() {
-        return ffi::PyErr_Occurred().is_null();
+        return capi::PyErr_Occurred().is_null();
     }
-    v == ffi::Py_False()
+    v == capi::Py_False()
 }
 
 /// Is `md` the `_metadata` dict `plan`'s last check found plain, with it and
 /// every local metadata dict unchanged since? Each local dict is held by
 /// `md`, unchanged.
-unsafe fn metadata_as_seen(plan: &Plan, md: *mut ffi::PyObject) -> bool {
+unsafe fn metadata_as_seen(plan: &Plan, md: *mut capi::PyObject) -> bool {
     plan.metadata_seen.get() == (md as usize, dict_version(md))
         && plan.visits.iter().all(|v| {
             let (local, version) = v.local_seen.get();
@@ -194,7 +194,7 @@ unsafe fn metadata_plain(
     py: Python<'_>,
     g: &Globals,
     plan: &Plan,
-    md: *mut ffi::PyObject,
+    md: *mut capi::PyObject,
 ) -> Result<bool, PyErr> {
     if metadata_as_seen(plan, md) {
         return Ok(true);
@@ -206,8 +206,8 @@ unsafe fn metadata_plain(
     let names = AssignNames::new(py);
     let mut exact = true;
     for v in &plan.visits {
-        let local = ffi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
-        if local.is_null() && !ffi::PyErr_Occurred().is_null() {
+        let local = capi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+        if local.is_null() && !capi::PyErr_Occurred().is_null() {
             return Err(PyErr::fetch(py));
         }
         if !copies_in_place(g, &names, local) {
@@ -215,7 +215,7 @@ unsafe fn metadata_plain(
         }
         // An `OrderedDict`'s answer also depends on its instance `__dict__`:
         // not remembered.
-        exact &= local.is_null() || ffi::PyDict_CheckExact(local) != 0;
+        exact &= local.is_null() || capi::PyDict_CheckExact(local) != 0;
         let version = if local.is_null() {
             0
         } else {
@@ -247,7 +247,7 @@ unsafe fn check<'py>(
     // Each module's `local_metadata`, as torch's `load` gets it (the caller
     // checked the metadata is None, a dict or an `OrderedDict`).
     let md = metadata.as_ptr();
-    if md != ffi::Py_None() {
+    if md != capi::Py_None() {
         match metadata_plain(py, g, plan, md) {
             Ok(true) => {}
             Ok(false) => return Check::Differs,
@@ -256,12 +256,12 @@ unsafe fn check<'py>(
     }
     let sd = state_dict.as_ptr();
     let (mut pos, mut k, mut val) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-    while ffi::PyDict_Next(sd, &mut pos, &mut k, &mut val) != 0 {
-        if ffi::PyUnicode_CheckExact(k) == 0 {
+    while capi::PyDict_Next(sd, &mut pos, &mut k, &mut val) != 0 {
+        if capi::PyUnicode_CheckExact(k) == 0 {
             return Check::Differs;
         }
     }
-    let mut expected: ffi::Py_ssize_t = 0;
+    let mut expected: capi::Py_ssize_t = 0;
     for v in &plan.visits {
         // A lookup in a set holding anything but exact strs may run code
         // (an element's `__eq__`): then torch's code makes it, live.
@@ -270,7 +270,7 @@ unsafe fn check<'py>(
         }
         for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
             if !e.buffer.is_null() {
-                let non_persistent = match ffi::PySet_Contains(v.non_persistent, e.buffer) {
+                let non_persistent = match capi::PySet_Contains(v.non_persistent, e.buffer) {
                     0 => false,
                     1 => true,
                     _ => return Check::Error(PyErr::fetch(py)),
@@ -286,7 +286,7 @@ unsafe fn check<'py>(
             expected += 1;
         }
     }
-    if ffi::PyDict_Size(sd) != expected {
+    if capi::PyDict_Size(sd) != expected {
         return Check::Differs;
     }
     let mut pairs = Vec::with_capacity(expected as usize);
@@ -295,9 +295,9 @@ unsafe fn check<'py>(
             continue;
         }
         // Str keys only: the lookup compares strings, running no code.
-        let input = ffi::PyDict_GetItemWithError(sd, e.key.as_ptr());
+        let input = capi::PyDict_GetItemWithError(sd, e.key.as_ptr());
         if input.is_null() {
-            if !ffi::PyErr_Occurred().is_null() {
+            if !capi::PyErr_Occurred().is_null() {
                 return Check::Error(PyErr::fetch(py));
             }
             return Check::Differs;
@@ -347,7 +347,7 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
-    unsafe { ffi::PyErr_Clear() };
+    unsafe { capi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
@@ -357,14 +357,14 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
 
 /// A registry name a plan can key on: an exact str, not empty, without `.`,
 /// other than `_extra_state`.
-unsafe fn plain_name(name: *mut ffi::PyObject, extra: *mut ffi::PyObject) -> bool {
-    if ffi::PyUnicode_CheckExact(name) == 0 {
+unsafe fn plain_name(name: *mut capi::PyObject, extra: *mut capi::PyObject) -> bool {
+    if capi::PyUnicode_CheckExact(name) == 0 {
         return false;
     }
-    let len = ffi::PyUnicode_GetLength(name);
+    let len = capi::PyUnicode_GetLength(name);
     len > 0
-        && ffi::PyUnicode_FindChar(name, '.' as u32, 0, len, 1) == -1
-        && ffi::PyUnicode_Compare(name, extra) != 0
+        && capi::PyUnicode_FindChar(name, '.' as u32, 0, len, 1) == -1
+        && capi::PyUnicode_Compare(name, extra) != 0
 }
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's
@@ -380,7 +380,7 @@ unsafe fn visit(
 ) -> bool {
     let py = module.py();
     let m = module.as_ptr();
-    let tp = ffi::Py_TYPE(m);
+    let tp = capi::Py_TYPE(m);
     let lfsd = pyo3::intern!(py, "_load_from_state_dict").as_ptr();
     let ses = pyo3::intern!(py, "set_extra_state").as_ptr();
     let extra = pyo3::intern!(py, "_extra_state").as_ptr();
@@ -393,7 +393,7 @@ unsafe fn visit(
     let Some(checked) = Checked::read(g, m) else {
         return false;
     };
-    if ffi::PyDict_Contains(checked.seen.dict, lfsd) != 0 {
+    if capi::PyDict_Contains(checked.seen.dict, lfsd) != 0 {
         return false;
     }
     let hook_names = [
@@ -416,25 +416,25 @@ unsafe fn visit(
     ) else {
         return false;
     };
-    if ffi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
+    if capi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
         return false;
     }
     let start = plan.entries.len() as u32;
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-        while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+        while capi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
             // A name that is both a parameter and a buffer is one key of
             // torch's `local_state` (quiet registries: no code runs).
-            if is_buffer && ffi::PyDict_Contains(checked.parameters(), name) != 0 {
+            if is_buffer && capi::PyDict_Contains(checked.parameters(), name) != 0 {
                 return false;
             }
-            if value == ffi::Py_None() {
+            if value == capi::Py_None() {
                 continue;
             }
             if !plain_name(name, extra) {
                 return false;
             }
-            let persistent = !is_buffer || ffi::PySet_Contains(non_persistent, name) == 0;
+            let persistent = !is_buffer || capi::PySet_Contains(non_persistent, name) == 0;
             let Some(key) = concat(prefix, name) else {
                 return false;
             };

@@ -3,6 +3,7 @@
 //! torch's; a walk of an unchanged tree replays its recorded plan
 //! (`state_dict_plan`).
 use super::load_state_dict::but_last;
+use crate::cpython::capi;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::instance::dispatch::{is_native, original, Method};
 use crate::instance::qualified_names::{self, Kind};
@@ -10,7 +11,6 @@ use crate::instance::registries::Items;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -28,7 +28,7 @@ pub fn save_tree<'py>(
     let _depth = Depth::enter(py, Recursion::Routed)?;
     let metadata_name = intern!(py, "_metadata");
     let destination = if destination.is_none() {
-        let odict = unsafe { Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject) };
+        let odict = unsafe { Bound::from_borrowed_ptr(py, g.odict as *mut capi::PyObject) };
         let d = odict.call0()?;
         d.setattr(metadata_name, odict.call0()?)?;
         d
@@ -42,7 +42,7 @@ pub fn save_tree<'py>(
     )?;
     let mut md = std::ptr::null_mut();
     match unsafe {
-        ffi::compat::PyObject_GetOptionalAttr(destination.as_ptr(), metadata_name.as_ptr(), &mut md)
+        capi::PyObject_GetOptionalAttr(destination.as_ptr(), metadata_name.as_ptr(), &mut md)
     } {
         1 => {
             let md = unsafe { Bound::from_owned_ptr(py, md) };
@@ -143,7 +143,7 @@ fn save_own<'py>(
         destination.set_item(key, value)?;
     }
     let overridden = unsafe {
-        let tp = ffi::Py_TYPE(module.as_ptr());
+        let tp = capi::Py_TYPE(module.as_ptr());
         let name = intern!(py, "get_extra_state");
         crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
             || Some(crate::cpython::type_cache::type_lookup(tp, name.as_ptr()))

@@ -27,6 +27,7 @@
 //! element's `__eq__`, which may change what torch's walk reads next); one
 //! that does not, even one changed by another thread while `detach` let it
 //! run, sends the call to the live walk, the replay's work dropped unseen.
+use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{plain_attr, Plain};
@@ -36,17 +37,16 @@ use crate::plans::parts::{
     Walk,
 };
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use pyo3::prelude::*;
 
 struct Visit {
     module: Checked,
     /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
-    hooks: [*mut ffi::PyObject; 2],
+    hooks: [*mut capi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set); null without buffers.
-    non_persistent: *mut ffi::PyObject,
+    non_persistent: *mut capi::PyObject,
     /// `self._version` (borrowed from the instance dict or the class).
-    version: *mut ffi::PyObject,
+    version: *mut capi::PyObject,
     /// `prefix[:-1]`, the `_metadata` key.
     metadata_key: Py<PyAny>,
     /// This visit's entries in `Plan::entries`.
@@ -55,16 +55,16 @@ struct Visit {
 
 struct Entry {
     /// Borrowed from the visit's unchanged registry.
-    tensor: *mut ffi::PyObject,
+    tensor: *mut capi::PyObject,
     /// `prefix + name`.
     key: Py<PyAny>,
     /// A buffer's name (borrowed, a key of the unchanged `_buffers`); null
     /// for a parameter.
-    buffer: *mut ffi::PyObject,
+    buffer: *mut capi::PyObject,
 }
 
 pub(crate) struct Plan {
-    root: *mut ffi::PyObject,
+    root: *mut capi::PyObject,
     prefix: Py<PyAny>,
     visits: Vec<Visit>,
     entries: Vec<Entry>,
@@ -75,13 +75,13 @@ pub(crate) static TABLE: Table<Plan> = Table::new();
 
 fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
     // Both exact str: the comparison runs no code and cannot fail.
-    a.as_ptr() == b.as_ptr() || unsafe { ffi::PyUnicode_Compare(a.as_ptr(), b.as_ptr()) == 0 }
+    a.as_ptr() == b.as_ptr() || unsafe { capi::PyUnicode_Compare(a.as_ptr(), b.as_ptr()) == 0 }
 }
 
 /// Is `t` an exact tensor whose `detach()` is torch's C method (which, with
 /// no mode active, runs no Python code)?
-unsafe fn plain_detach(g: &Globals, t: *mut ffi::PyObject, detach: *mut ffi::PyObject) -> bool {
-    let tp = ffi::Py_TYPE(t);
+unsafe fn plain_detach(g: &Globals, t: *mut capi::PyObject, detach: *mut capi::PyObject) -> bool {
+    let tp = capi::Py_TYPE(t);
     if tp != g.tensor && tp != g.parameter {
         return false;
     }
@@ -90,7 +90,7 @@ unsafe fn plain_detach(g: &Globals, t: *mut ffi::PyObject, detach: *mut ffi::PyO
     !base.is_null()
         && !found.is_null()
         && found == type_lookup(base, detach)
-        && ffi::Py_TYPE(found) == std::ptr::addr_of_mut!(ffi::PyMethodDescr_Type)
+        && capi::Py_TYPE(found) == std::ptr::addr_of_mut!(capi::PyMethodDescr_Type)
 }
 
 /// `root.state_dict(prefix=prefix, keep_vars=keep)` with no destination,
@@ -179,7 +179,7 @@ unsafe fn build<'py>(
     plan: &Plan,
     keep: bool,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let odict = Bound::from_borrowed_ptr(py, g.odict as *mut ffi::PyObject);
+    let odict = Bound::from_borrowed_ptr(py, g.odict as *mut capi::PyObject);
     let destination = odict.call0()?;
     let metadata = odict.call0()?;
     destination.setattr(pyo3::intern!(py, "_metadata"), &metadata)?;
@@ -196,7 +196,7 @@ unsafe fn build<'py>(
                 if !crate::cpython::quiet::set(v.non_persistent) {
                     return Ok(None);
                 }
-                match ffi::PySet_Contains(v.non_persistent, e.buffer) {
+                match capi::PySet_Contains(v.non_persistent, e.buffer) {
                     0 => {}
                     1 => continue,
                     _ => return Err(PyErr::fetch(py)),
@@ -215,7 +215,7 @@ unsafe fn build<'py>(
 pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     let key = (root.as_ptr(), Walk::StateDict);
     if !crate::plans::parts::enabled()
-        || unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
+        || unsafe { capi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
         || refused(key)
     {
         return;
@@ -232,7 +232,7 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
-    unsafe { ffi::PyErr_Clear() };
+    unsafe { capi::PyErr_Clear() };
     if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
         refuse(key);
         return;
@@ -254,7 +254,7 @@ unsafe fn visit(
 ) -> bool {
     let py = module.py();
     let m = module.as_ptr();
-    let tp = ffi::Py_TYPE(m);
+    let tp = capi::Py_TYPE(m);
     let extra = pyo3::intern!(py, "get_extra_state").as_ptr();
     if (depth > 0 && !is_native(g, module, Method::StateDict))
         || !is_native(g, module, Method::SaveToStateDict)
@@ -285,24 +285,24 @@ unsafe fn visit(
     // torch's `prefix[:-1]`.
     let Some(metadata_key) = crate::state::load_state_dict::but_last(prefix)
         .ok()
-        .filter(|k| ffi::PyUnicode_CheckExact(k.as_ptr()) != 0)
+        .filter(|k| capi::PyUnicode_CheckExact(k.as_ptr()) != 0)
     else {
         return false;
     };
     let start = plan.entries.len() as u32;
-    let mut non_persistent: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut non_persistent: *mut capi::PyObject = std::ptr::null_mut();
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-        while ffi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
-            if ffi::PyUnicode_CheckExact(name) == 0 {
+        while capi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            if capi::PyUnicode_CheckExact(name) == 0 {
                 return false;
             }
-            if value == ffi::Py_None() {
+            if value == capi::Py_None() {
                 continue;
             }
             if is_buffer && non_persistent.is_null() {
                 non_persistent = dict_entry(tp, checked.seen.dict, g.names.non_persistent);
-                if non_persistent.is_null() || ffi::PySet_CheckExact(non_persistent) == 0 {
+                if non_persistent.is_null() || capi::PySet_CheckExact(non_persistent) == 0 {
                     return false;
                 }
             }
@@ -333,7 +333,7 @@ unsafe fn visit(
         g,
         &checked,
         prefix,
-        |name| ffi::PyUnicode_CheckExact(name) != 0,
+        |name| capi::PyUnicode_CheckExact(name) != 0,
         |child, child_prefix| visit(g, child, child_prefix, depth + 1, plan),
     )
 }

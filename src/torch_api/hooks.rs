@@ -4,13 +4,13 @@
 //! call. We do the same, but skip the four dict lookups while the module's
 //! globals dict is unchanged (its version tag moves on any insertion,
 //! deletion or rebinding). The dicts' contents are always read live.
+use crate::cpython::capi;
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use std::cell::Cell;
 
 struct Cache {
     version: Cell<u64>,
-    dicts: Cell<[*mut ffi::PyObject; 4]>,
+    dicts: Cell<[*mut capi::PyObject; 4]>,
 }
 
 // SAFETY: only touched with the GIL held.
@@ -36,9 +36,9 @@ pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
         }
         let mut dicts = [std::ptr::null_mut(); 4];
         for (slot, &name) in dicts.iter_mut().zip(g.names.global_hooks.iter()) {
-            let h = ffi::PyDict_GetItemWithError(g.module_globals, name);
+            let h = capi::PyDict_GetItemWithError(g.module_globals, name);
             if h.is_null() {
-                return if ffi::PyErr_Occurred().is_null() {
+                return if capi::PyErr_Occurred().is_null() {
                     Ok(false)
                 } else {
                     Err(())
@@ -62,11 +62,11 @@ pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
 /// A hook registry whose truth value is its length: `dict` or `OrderedDict`.
 #[inline(always)]
 pub unsafe fn hook_dict_len(
-    obj: *mut ffi::PyObject,
-    odict: *mut ffi::PyTypeObject,
+    obj: *mut capi::PyObject,
+    odict: *mut capi::PyTypeObject,
 ) -> Option<isize> {
-    let t = ffi::Py_TYPE(obj);
-    if t == std::ptr::addr_of_mut!(ffi::PyDict_Type) || t == odict {
+    let t = capi::Py_TYPE(obj);
+    if t == std::ptr::addr_of_mut!(capi::PyDict_Type) || t == odict {
         Some(crate::cpython::dicts::used(obj))
     } else {
         None

@@ -11,8 +11,8 @@
 //! the libraries it depends on, which is how `torch._C` itself binds it), then
 //! in every loaded library, where it must be found at one address only. Where
 //! neither finds it, the Python function is asked (and [`status`] says why).
+use crate::cpython::capi;
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -157,12 +157,12 @@ pub unsafe fn is_tracing(g: &Globals) -> Result<bool, ()> {
         let state = f();
         return Ok(!state.is_null() && !(*state).is_null());
     }
-    let r = ffi::PyObject_CallNoArgs(g.is_tracing_py);
+    let r = capi::PyObject_CallNoArgs(g.is_tracing_py);
     if r.is_null() {
         return Err(());
     }
-    let t = ffi::PyObject_IsTrue(r);
-    ffi::Py_DECREF(r);
+    let t = capi::PyObject_IsTrue(r);
+    capi::Py_DECREF(r);
     match t {
         0 => Ok(false),
         1 => Ok(true),

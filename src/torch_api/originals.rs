@@ -4,73 +4,73 @@
 //!
 //! Every pointer is a strong reference kept for the life of the process, so
 //! the hot paths can read them without reference counting.
+use crate::cpython::capi;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyType};
 use std::sync::OnceLock;
 
 /// Interned attribute names used on the hot paths.
 pub struct Names {
-    pub parameters: *mut ffi::PyObject,
-    pub buffers: *mut ffi::PyObject,
-    pub modules: *mut ffi::PyObject,
-    pub non_persistent: *mut ffi::PyObject,
-    pub compiled_call_impl: *mut ffi::PyObject,
-    pub call_impl: *mut ffi::PyObject,
-    pub forward: *mut ffi::PyObject,
+    pub parameters: *mut capi::PyObject,
+    pub buffers: *mut capi::PyObject,
+    pub modules: *mut capi::PyObject,
+    pub non_persistent: *mut capi::PyObject,
+    pub compiled_call_impl: *mut capi::PyObject,
+    pub call_impl: *mut capi::PyObject,
+    pub forward: *mut capi::PyObject,
     /// The 4 per-module hook dicts `_call_impl` tests.
-    pub instance_hooks: [*mut ffi::PyObject; 4],
+    pub instance_hooks: [*mut capi::PyObject; 4],
     /// The 4 module-level hook dicts `_call_impl` tests.
-    pub global_hooks: [*mut ffi::PyObject; 4],
-    pub global_param_reg_hooks: *mut ffi::PyObject,
-    pub global_module_reg_hooks: *mut ffi::PyObject,
-    pub global_buffer_reg_hooks: *mut ffi::PyObject,
-    pub register_parameter: *mut ffi::PyObject,
-    pub add_module: *mut ffi::PyObject,
-    pub dunder_class: *mut ffi::PyObject,
-    pub dunder_name: *mut ffi::PyObject,
-    pub dunder_call: *mut ffi::PyObject,
-    pub dunder_getattr: *mut ffi::PyObject,
-    pub dunder_getattribute: *mut ffi::PyObject,
-    pub dunder_setattr: *mut ffi::PyObject,
-    pub dunder_delattr: *mut ffi::PyObject,
-    pub torch_function: *mut ffi::PyObject,
-    pub grad_fn: *mut ffi::PyObject,
-    pub empty: *mut ffi::PyObject,
-    pub dot: *mut ffi::PyObject,
+    pub global_hooks: [*mut capi::PyObject; 4],
+    pub global_param_reg_hooks: *mut capi::PyObject,
+    pub global_module_reg_hooks: *mut capi::PyObject,
+    pub global_buffer_reg_hooks: *mut capi::PyObject,
+    pub register_parameter: *mut capi::PyObject,
+    pub add_module: *mut capi::PyObject,
+    pub dunder_class: *mut capi::PyObject,
+    pub dunder_name: *mut capi::PyObject,
+    pub dunder_call: *mut capi::PyObject,
+    pub dunder_getattr: *mut capi::PyObject,
+    pub dunder_getattribute: *mut capi::PyObject,
+    pub dunder_setattr: *mut capi::PyObject,
+    pub dunder_delattr: *mut capi::PyObject,
+    pub torch_function: *mut capi::PyObject,
+    pub grad_fn: *mut capi::PyObject,
+    pub empty: *mut capi::PyObject,
+    pub dot: *mut capi::PyObject,
 }
 
 /// torch's original implementations; a class gets a Rust slot only while its
 /// MRO resolves the matching dunder to exactly one of these.
 pub struct Originals {
-    pub call: *mut ffi::PyObject,
+    pub call: *mut capi::PyObject,
     /// `nn.Module._call_impl`, which `_wrapped_call_impl` looks up on `self`.
-    pub call_impl: *mut ffi::PyObject,
-    pub getattr: *mut ffi::PyObject,
-    pub setattr: *mut ffi::PyObject,
-    pub delattr: *mut ffi::PyObject,
-    pub register_parameter: *mut ffi::PyObject,
-    pub register_buffer: *mut ffi::PyObject,
-    pub add_module: *mut ffi::PyObject,
-    pub register_module: *mut ffi::PyObject,
-    pub object_getattribute: *mut ffi::PyObject,
-    pub object_class: *mut ffi::PyObject,
+    pub call_impl: *mut capi::PyObject,
+    pub getattr: *mut capi::PyObject,
+    pub setattr: *mut capi::PyObject,
+    pub delattr: *mut capi::PyObject,
+    pub register_parameter: *mut capi::PyObject,
+    pub register_buffer: *mut capi::PyObject,
+    pub add_module: *mut capi::PyObject,
+    pub register_module: *mut capi::PyObject,
+    pub object_getattribute: *mut capi::PyObject,
+    pub object_class: *mut capi::PyObject,
 }
 
 pub struct Globals {
-    pub nn_module: *mut ffi::PyTypeObject,
-    pub fast_module: *mut ffi::PyTypeObject,
-    pub parameter: *mut ffi::PyTypeObject,
-    pub tensor: *mut ffi::PyTypeObject,
-    pub script_module: *mut ffi::PyObject,
-    pub odict: *mut ffi::PyTypeObject,
+    pub nn_module: *mut capi::PyTypeObject,
+    pub fast_module: *mut capi::PyTypeObject,
+    pub parameter: *mut capi::PyTypeObject,
+    pub tensor: *mut capi::PyTypeObject,
+    pub script_module: *mut capi::PyObject,
+    pub odict: *mut capi::PyTypeObject,
     pub orig: Originals,
     /// `torch.nn.modules.module.__dict__`: the global hook dicts are read from
     /// it on every call, as `_call_impl` does.
-    pub module_globals: *mut ffi::PyObject,
-    pub typename: *mut ffi::PyObject,
-    pub is_tracing_py: *mut ffi::PyObject,
+    pub module_globals: *mut capi::PyObject,
+    pub typename: *mut capi::PyObject,
+    pub is_tracing_py: *mut capi::PyObject,
     pub names: Names,
 }
 
@@ -94,11 +94,11 @@ pub fn require(py: Python<'_>) -> PyResult<&'static Globals> {
         .ok_or_else(|| PyRuntimeError::new_err("fastmodule._core is not initialised"))
 }
 
-fn intern(py: Python<'_>, s: &str) -> *mut ffi::PyObject {
+fn intern(py: Python<'_>, s: &str) -> *mut capi::PyObject {
     PyString::intern(py, s).into_ptr()
 }
 
-fn class_entry(cls: &Bound<'_, PyType>, name: &str) -> PyResult<*mut ffi::PyObject> {
+fn class_entry(cls: &Bound<'_, PyType>, name: &str) -> PyResult<*mut capi::PyObject> {
     // Read the class __dict__ itself (not getattr) so a descriptor's __get__
     // does not run: we want the very object the MRO lookup returns.
     let d = cls.getattr("__dict__")?;
@@ -180,12 +180,12 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         dot: intern(py, "."),
     };
     let g = Globals {
-        nn_module: nn_module.into_ptr() as *mut ffi::PyTypeObject,
-        fast_module: fast_module.clone().into_ptr() as *mut ffi::PyTypeObject,
-        parameter: nn.getattr("Parameter")?.into_ptr() as *mut ffi::PyTypeObject,
-        tensor: torch.getattr("Tensor")?.into_ptr() as *mut ffi::PyTypeObject,
+        nn_module: nn_module.into_ptr() as *mut capi::PyTypeObject,
+        fast_module: fast_module.clone().into_ptr() as *mut capi::PyTypeObject,
+        parameter: nn.getattr("Parameter")?.into_ptr() as *mut capi::PyTypeObject,
+        tensor: torch.getattr("Tensor")?.into_ptr() as *mut capi::PyTypeObject,
         script_module: py.import("torch.jit")?.getattr("ScriptModule")?.into_ptr(),
-        odict: odict.into_ptr() as *mut ffi::PyTypeObject,
+        odict: odict.into_ptr() as *mut capi::PyTypeObject,
         orig,
         module_globals: module_globals.into_ptr(),
         typename: torch.getattr("typename")?.into_ptr(),

@@ -3,19 +3,19 @@
 //! (`crate::routes::whole_tree`), an unrouted copy of torch's function kept
 //! at routing time; else the function as installed now.
 use super::originals::require;
-use pyo3::ffi;
+use crate::cpython::capi;
 use pyo3::prelude::*;
 use std::sync::OnceLock;
 
 /// `(name, unrouted copy)` of each routed method: strong references.
-struct Copies(Vec<(String, *mut ffi::PyObject)>);
+struct Copies(Vec<(String, *mut capi::PyObject)>);
 // SAFETY: strong references, used with the GIL held.
 unsafe impl Send for Copies {}
 unsafe impl Sync for Copies {}
 static COPIES: OnceLock<Copies> = OnceLock::new();
 
 /// Keep the unrouted copies (new references) of the routed methods (once).
-pub fn keep(copies: Vec<(String, *mut ffi::PyObject)>) {
+pub fn keep(copies: Vec<(String, *mut capi::PyObject)>) {
     let _ = COPIES.set(Copies(copies));
 }
 
@@ -28,6 +28,6 @@ pub fn torch_code<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny
         }
     }
     let g = require(py)?;
-    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) };
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) };
     nn_module.getattr("__dict__")?.get_item(name)
 }

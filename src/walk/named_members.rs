@@ -5,11 +5,11 @@
 use super::named_modules::NamedModules;
 use super::named_modules::{Yielded, NO_NODE};
 use super::yielded::{dotted_join, two};
+use crate::cpython::capi;
 use crate::instance::dispatch::{is_native, Method};
 use crate::instance::registries::{identity_hashed, join, Items, Memo};
 use crate::plans::module_walks::{self, Item, ItemKind, Plan, Recorder, Reg};
 use crate::torch_api::originals::require;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyString};
@@ -33,8 +33,8 @@ type Current = (Py<PyAny>, Option<Py<PyAny>>, Items, u32);
 struct MemberCursor {
     node: u32,
     dict: Py<PyAny>,
-    pos: ffi::Py_ssize_t,
-    left: ffi::Py_ssize_t,
+    pos: capi::Py_ssize_t,
+    left: capi::Py_ssize_t,
     /// The next entry in `Plan::items`.
     k: u32,
 }
@@ -360,8 +360,8 @@ impl NamedMembers {
             };
             if node != NO_NODE {
                 let pure = unsafe {
-                    ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
-                        && ffi::PyUnicode_CheckExact(k.as_ptr()) != 0
+                    capi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+                        && capi::PyUnicode_CheckExact(k.as_ptr()) != 0
                 };
                 let identity = self.memo.is_identity();
                 if let Some(rec) = recorder(&mut self.source) {

@@ -4,11 +4,11 @@
 //! generator; walks of an unchanged tree replay their recorded plan
 //! (`crate::plans::module_walks`).
 use super::yielded::{dotted_join, pair};
+use crate::cpython::capi;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::instance::registries::{identity_hashed, join, Items, Memo};
 use crate::plans::module_walks::{self, Node, NodeKind, Plan, Recorder, Reg};
 use crate::torch_api::originals::require;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyIterator;
@@ -49,8 +49,8 @@ struct Frame {
 struct Shadow {
     node: u32,
     dict: Py<PyAny>,
-    pos: ffi::Py_ssize_t,
-    left: ffi::Py_ssize_t,
+    pos: capi::Py_ssize_t,
+    left: capi::Py_ssize_t,
 }
 
 #[derive(Clone, Copy)]
@@ -133,7 +133,7 @@ impl NamedModules {
             replay: None,
             rec: None,
         };
-        let exact = unsafe { ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0 };
+        let exact = unsafe { capi::PyUnicode_CheckExact(prefix.as_ptr()) != 0 };
         if plannable && exact {
             let key = module_walks::PlanKey {
                 root: module.as_ptr() as usize,
@@ -278,7 +278,7 @@ impl NamedModules {
                                     continue;
                                 }
                                 if !module_walks::holds(&n.seen, n.module)
-                                    || depth as i64 >= ffi::Py_GetRecursionLimit() as i64
+                                    || depth as i64 >= capi::Py_GetRecursionLimit() as i64
                                     || !identity_hashed(n.module)
                                 {
                                     break;
@@ -461,7 +461,7 @@ impl NamedModules {
                             None => prefix.clone(),
                         },
                     };
-                    if depth as i64 >= unsafe { ffi::Py_GetRecursionLimit() } as i64 {
+                    if depth as i64 >= unsafe { capi::Py_GetRecursionLimit() } as i64 {
                         // torch's nested generators would exceed the limit here.
                         return Err(pyo3::exceptions::PyRecursionError::new_err(
                             "maximum recursion depth exceeded",
@@ -470,8 +470,8 @@ impl NamedModules {
                     let mut node = NO_NODE;
                     if let Some(rec) = self.rec.as_mut() {
                         let pure = unsafe {
-                            ffi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
-                                && ffi::PyUnicode_CheckExact(name.as_ptr()) != 0
+                            capi::PyUnicode_CheckExact(prefix.as_ptr()) != 0
+                                && capi::PyUnicode_CheckExact(name.as_ptr()) != 0
                         };
                         match unsafe { module_walks::seen_now(child.as_ptr()) } {
                             Some(seen) if native && pure => {

@@ -7,22 +7,22 @@
 //! `self.get_submodule(...)` dispatched to an override where torch would call
 //! one. A target that is not an exact `str` (whose `split` could be anything)
 //! is handed to torch's own function.
+use crate::cpython::capi;
 use crate::instance::attributes::exact_str;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::torch_api::originals::Globals;
 use pyo3::call::PyCallArgs;
 use pyo3::exceptions::{PyAttributeError, PyValueError};
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PySlice, PyString};
 
 fn nn_module<'py>(py: Python<'py>, g: &Globals) -> Bound<'py, PyAny> {
-    unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut ffi::PyObject) }
+    unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) }
 }
 
 fn parameter<'py>(py: Python<'py>, g: &Globals) -> Bound<'py, PyAny> {
-    unsafe { Bound::from_borrowed_ptr(py, g.parameter as *mut ffi::PyObject) }
+    unsafe { Bound::from_borrowed_ptr(py, g.parameter as *mut capi::PyObject) }
 }
 
 /// torch's own `nn.Module.<m>(*args)`.

@@ -4,27 +4,27 @@
 //! Recursion is native, guarded like torch's Python recursion
 //! (`crate::cpython::recursion`).
 use super::children::for_each_child;
+use crate::cpython::capi;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::instance_dict;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
 /// Is the instance dict `dict` quiet, and each registry it holds under
 /// `_parameters`, `_buffers`, `_modules` (read without running code)?
-unsafe fn quiet_with_registries(g: &Globals, dict: *mut ffi::PyObject) -> bool {
+unsafe fn quiet_with_registries(g: &Globals, dict: *mut capi::PyObject) -> bool {
     use crate::cpython::quiet;
     let n = &g.names;
     quiet::dict(dict)
         && [n.parameters, n.buffers, n.modules]
             .into_iter()
             .all(|name| {
-                let r = ffi::PyDict_GetItemWithError(dict, name);
+                let r = capi::PyDict_GetItemWithError(dict, name);
                 r.is_null() || quiet::dict(r)
             })
 }
@@ -41,7 +41,7 @@ fn set_training(
         // torch's __setattr__ body runs natively for any module whose class
         // resolves it to torch's function (a bool is never a Parameter,
         // Module or tensor).
-        let tp = ffi::Py_TYPE(module.as_ptr());
+        let tp = capi::Py_TYPE(module.as_ptr());
         if type_lookup(tp, g.names.dunder_setattr) == g.orig.setattr
             && crate::instance::fast::object_after_nn_module(g, tp)
         {

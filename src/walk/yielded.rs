@@ -1,7 +1,7 @@
 //! What the lazy walks yield: `(name, value)` pairs (or bare values for the
 //! value-only variants) and dotted names `prefix + "." + key`, built
 //! directly (one tuple and at most one concatenation per item).
-use pyo3::ffi;
+use crate::cpython::capi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
@@ -27,9 +27,9 @@ pub(super) fn two<'py>(
     b: Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     unsafe {
-        let t = Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(2))?;
-        ffi::PyTuple_SET_ITEM(t.as_ptr(), 0, a.into_ptr());
-        ffi::PyTuple_SET_ITEM(t.as_ptr(), 1, b.into_ptr());
+        let t = Bound::from_owned_ptr_or_err(py, capi::PyTuple_New(2))?;
+        capi::PyTuple_SET_ITEM(t.as_ptr(), 0, a.into_ptr());
+        capi::PyTuple_SET_ITEM(t.as_ptr(), 1, b.into_ptr());
         Ok(t)
     }
 }
@@ -44,9 +44,9 @@ pub(super) fn dotted_join<'py>(
     name: &Bound<'py, PyAny>,
 ) -> Option<PyResult<Bound<'py, PyAny>>> {
     unsafe {
-        if ffi::PyUnicode_CheckExact(prefix.as_ptr()) == 0
-            || ffi::PyUnicode_CheckExact(name.as_ptr()) == 0
-            || ffi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0
+        if capi::PyUnicode_CheckExact(prefix.as_ptr()) == 0
+            || capi::PyUnicode_CheckExact(name.as_ptr()) == 0
+            || capi::PyUnicode_GET_LENGTH(prefix.as_ptr()) == 0
         {
             return None;
         }
@@ -58,14 +58,14 @@ pub(super) fn dotted_join<'py>(
             return Some(Ok(Bound::from_owned_ptr(py, j)));
         }
         if dotted.is_none() {
-            let d = ffi::PyUnicode_Concat(prefix.as_ptr(), intern!(py, ".").as_ptr());
+            let d = capi::PyUnicode_Concat(prefix.as_ptr(), intern!(py, ".").as_ptr());
             match Bound::from_owned_ptr_or_err(py, d) {
                 Ok(d) => *dotted = Some(d.unbind()),
                 Err(e) => return Some(Err(e)),
             }
         }
         let d = dotted.as_ref()?.as_ptr();
-        let j = ffi::PyUnicode_Concat(d, name.as_ptr());
+        let j = capi::PyUnicode_Concat(d, name.as_ptr());
         if !j.is_null() {
             crate::instance::qualified_names::store(
                 crate::instance::qualified_names::Kind::Dotted,

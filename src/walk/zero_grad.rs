@@ -12,11 +12,11 @@
 //! leading parameters already read, while it is still replaying the same plan
 //! (nothing has run since the pass, so their grads are still None).
 use super::children::for_each_parameter;
+use crate::cpython::capi;
 use crate::instance::attributes::class_data_descr;
 use crate::instance::dispatch::{is_native, Method};
 use crate::plans::module_walks::{self, PlanKey};
 use crate::torch_api::originals::Globals;
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -35,20 +35,20 @@ pub enum NoGrads {
 /// again and meets the same).
 unsafe fn plain_grad(
     g: &Globals,
-    p: *mut ffi::PyObject,
-    grad: *mut ffi::PyObject,
-) -> Option<*mut ffi::PyObject> {
-    let tp = ffi::Py_TYPE(p);
+    p: *mut capi::PyObject,
+    grad: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
+    let tp = capi::Py_TYPE(p);
     if tp != g.parameter && tp != g.tensor {
         return None;
     }
     let (descr, get) = class_data_descr(tp, grad)?;
-    if ffi::Py_TYPE(descr) != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type) {
+    if capi::Py_TYPE(descr) != std::ptr::addr_of_mut!(capi::PyGetSetDescr_Type) {
         return None;
     }
-    let r = get(descr, p, tp as *mut ffi::PyObject);
+    let r = get(descr, p, tp as *mut capi::PyObject);
     if r.is_null() {
-        ffi::PyErr_Clear();
+        capi::PyErr_Clear();
         return None;
     }
     Some(r)
@@ -96,8 +96,8 @@ pub fn scan(
     let done = unsafe {
         module_walks::scan_members(&plan, root.as_ptr(), |p| {
             match plain_grad(g, p, grad.as_ptr()) {
-                Some(v) if v == ffi::Py_None() => {
-                    ffi::Py_DECREF(v);
+                Some(v) if v == capi::Py_None() => {
+                    capi::Py_DECREF(v);
                     none += 1;
                     true
                 }
@@ -106,7 +106,7 @@ pub fn scan(
                     // is a tensor's wrapper; dropping it runs no code with
                     // the GC paused (a tensor's Python object is kept by
                     // torch while it has state of its own).
-                    ffi::Py_DECREF(v);
+                    capi::Py_DECREF(v);
                     stopped = true;
                     false
                 }
