@@ -87,7 +87,7 @@ fn clear_plans() {
     plans::eager::TABLE.clear();
     state::state_dict_plan::TABLE.clear();
     state::load_state_dict_plan::TABLE.clear();
-    plans::parts::clear_refusals();
+    plans::table::clear_refusals();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
@@ -256,7 +256,7 @@ fn tracing_probe() -> (bool, String) {
 /// Are recorded walks (plans) kept on this interpreter build?
 #[pyfunction]
 fn recorded_walks() -> bool {
-    plans::parts::enabled()
+    plans::table::enabled()
 }
 
 /// How this interpreter decides that a remembered dict or class is unchanged

@@ -23,7 +23,7 @@
 //! no code, so checking everything first and then setting is the same as
 //! torch's interleaving. A dict with a key that compares with `__eq__` would
 //! run it during the set, while the replay holds the plan's borrowed
-//! pointers: such a tree is not recorded (`crate::plans::parts::Checked`). Setting the other mode updates the recorded
+//! pointers: such a tree is not recorded (`crate::plans::visit::Checked`). Setting the other mode updates the recorded
 //! versions, so an alternating `train()`/`eval()` keeps its plan. For
 //! `_apply`, the caller then asks of every tensor whether the conversion
 //! leaves it (and its grad) as it is, which reads but changes nothing: if all
@@ -32,13 +32,14 @@
 //! Pointers are borrowed and dereferenced in visit order, each only after the
 //! visit holding it (its parent, whose unchanged `_modules` keeps it alive)
 //! passed its checks. The table, the module checks and the refusals are
-//! `crate::plans::parts`'.
+//! `crate::plans::table`'.
 use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
 use crate::instance::dispatch::{is_native, Method};
-use crate::plans::parts::{refuse, refused, Checked, Table, Walk};
+use crate::plans::table::{refuse, refused, Table, Walk};
+use crate::plans::visit::Checked;
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -161,7 +162,7 @@ fn all_left_as_is(
 /// if a plan can describe it. `mode`: `train`'s (Py_True/Py_False).
 pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bound<'_, PyAny>>) {
     let key = (root.as_ptr(), walk);
-    if !crate::plans::parts::enabled() || refused(key) {
+    if !crate::plans::table::enabled() || refused(key) {
         return;
     }
     let py = root.py();

@@ -1,4 +1,5 @@
 //! TODO
 pub mod eager;
 pub mod module_walks;
-pub mod parts;
+pub mod table;
+pub mod visit;

@@ -346,7 +346,7 @@ pub fn root<'py>(
     }
     let out = body(py, &ctx, module, recurse)?;
     if plannable {
-        crate::plans::eager::record(g, crate::plans::parts::Walk::Apply, module, None);
+        crate::plans::eager::record(g, crate::plans::table::Walk::Apply, module, None);
     }
     Ok(out)
 }

@@ -32,9 +32,8 @@ use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
-use crate::plans::parts::{
-    concat, empty_hooks, hooks_empty, refuse, refused, visit_children, Checked, Table, Walk,
-};
+use crate::plans::table::{refuse, refused, Table, Walk};
+use crate::plans::visit::{concat, empty_hooks, hooks_empty, visit_children, Checked};
 use crate::state::load_state_dict::{plain_copy, CopyPair};
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
@@ -319,7 +318,7 @@ unsafe fn check<'py>(
 /// describe it.
 pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     let key = (root.as_ptr(), Walk::Load);
-    if !crate::plans::parts::enabled() || refused(key) {
+    if !crate::plans::table::enabled() || refused(key) {
         return;
     }
     // A plan that still holds (the last call's dict was not the plain case)
@@ -404,7 +403,7 @@ unsafe fn visit(
         return false;
     };
     let non_persistent =
-        crate::plans::parts::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
+        crate::plans::visit::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
     if non_persistent.is_null() || !crate::cpython::quiet::set(non_persistent) {
         return false;
     }

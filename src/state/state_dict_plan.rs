@@ -32,10 +32,8 @@ use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{plain_attr, Plain};
 use crate::instance::dispatch::{is_native, original, Method};
-use crate::plans::parts::{
-    concat, dict_entry, empty_hooks, hooks_empty, refuse, refused, visit_children, Checked, Table,
-    Walk,
-};
+use crate::plans::table::{refuse, refused, Table, Walk};
+use crate::plans::visit::{concat, dict_entry, empty_hooks, hooks_empty, visit_children, Checked};
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
 
@@ -214,7 +212,7 @@ unsafe fn build<'py>(
 /// completed: record the walk it would take now, if a plan can describe it.
 pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     let key = (root.as_ptr(), Walk::StateDict);
-    if !crate::plans::parts::enabled()
+    if !crate::plans::table::enabled()
         || unsafe { capi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
         || refused(key)
     {

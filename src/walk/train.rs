@@ -125,6 +125,6 @@ pub(crate) fn train_root<'py>(
         }
     }
     let out = train_body(py, g, module, mode)?;
-    crate::plans::eager::record(g, crate::plans::parts::Walk::Train, module, Some(mode));
+    crate::plans::eager::record(g, crate::plans::table::Walk::Train, module, Some(mode));
     Ok(out)
 }

@@ -69,7 +69,7 @@ pub fn scan(
     ]
     .into_iter()
     .all(|m| is_native(g, root, m));
-    if !native || !crate::plans::parts::enabled() {
+    if !native || !crate::plans::table::enabled() {
         return NoGrads::Leading(0);
     }
     // The walk `for_each_parameter` starts (its prefix is the empty str,
