@@ -1,22 +1,25 @@
 //! fastmodule's native core: `torch.nn.Module` hot paths in Rust.
 //!
-//! Layout by concern:
-//! - `call`: the module call (`tp_call`),
-//! - `attr`: registered-attribute reads (`tp_getattro`),
-//! - `register`: the bodies of `__setattr__`/`__delattr__` and register_*,
-//! - `methods`: torch's registration functions served through their vectorcall,
-//! - `slots`: installing the C slots on classes (and re-arming them),
-//! - `hooks`: the module-level hook dicts,
-//! - `tracing`: the jit-tracing probe (libtorch's symbol, found without file names),
-//! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
-//! - `zero_grad`: reading the grads from a recorded parameters walk first,
-//! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
-//! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
-//! - `containers`: ModuleList/Sequential/ModuleDict iteration and len,
-//! - `leaves`: torch's Sequential/Linear/ReLU `forward` without their frames,
-//! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
-//! - `errors`: torch's exception texts,
-//! - `lookup`, `state`, `ffi_ext`: shared primitives.
+//! Folders by concern, in layers; a folder uses only the layers below it
+//! (`python scripts/src_graph.py` prints the graph and fails on a cycle):
+//! - `cpython/` (0): the interpreter boundary — the C API re-exported
+//!   (`capi`), private API, struct layouts and version differences behind
+//!   typed wrappers;
+//! - `torch_api/` (1): what we know about torch — captured originals,
+//!   exception texts, hook dicts, the jit-tracing probe, runtime state;
+//! - `instance/` (2): one module and its class — fast instances, attribute
+//!   reads, method dispatch, per-instance facts, registries, names;
+//! - `call/` (3): the module call and attribute reads through C slots,
+//!   frameless layer forwards, containers;
+//! - `plans/` (3): recorded walks and what their replays check;
+//! - `registry/` (4): `__setattr__`/`__delattr__`/register_*, and torch's
+//!   functions served through their vectorcall;
+//! - `walk/` (5): tree walks — iterators, `train`, `apply`, `zero_grad`,
+//!   dotted paths;
+//! - `state/` (6): `state_dict`, `load_state_dict`, `_apply`;
+//! - `routes/` (7): torch's whole-tree methods routed to native bodies.
+//!
+//! This file registers the Python functions of `fastmodule._core`.
 mod call;
 mod cpython;
 mod instance;

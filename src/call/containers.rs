@@ -5,7 +5,7 @@
 //! Each is a one-line view of `self._modules`; CPython reaches them from C
 //! slots (`for layer in self.layers`, `len(...)`) or method calls, through
 //! the function's vectorcall, which is replaced here (as for torch's other
-//! functions, see `methods`). The bodies were checked at import
+//! functions, see `crate::registry::vectorcalls`). The bodies were checked at import
 //! (`fastmodule.layers`) to read exactly these names; a call that is not
 //! `f(self)` on a fast instance whose `_modules` is a plain dict runs
 //! torch's function.

@@ -9,7 +9,7 @@
 //! on a base (FX and export do so on `nn.Module` for every trace), so while a
 //! patch is in place the class runs the patched Python code. Once the patch is
 //! undone, the next call or registry read reaches torch's original function,
-//! whose vectorcall is ours (see `methods`): it calls `rearm`, which puts the
+//! whose vectorcall is ours (see `crate::registry::vectorcalls`): it calls `rearm`, which puts the
 //! slot back. No global hook on `type` is needed.
 //!
 //! `__setattr__`/`__delattr__` get no slot: CPython's `object.__setattr__`

@@ -62,7 +62,7 @@ pub unsafe fn cached(
     prefix: *mut capi::PyObject,
     key: *mut capi::PyObject,
 ) -> Option<*mut capi::PyObject> {
-    if cfg!(Py_GIL_DISABLED) {
+    if crate::cpython::FREE_THREADED {
         return None;
     }
     let set = &(*TABLE.0.get())[set_index(kind, prefix, key)];
@@ -84,7 +84,7 @@ pub unsafe fn store(
     key: *mut capi::PyObject,
     joined: *mut capi::PyObject,
 ) {
-    if cfg!(Py_GIL_DISABLED) {
+    if crate::cpython::FREE_THREADED {
         return;
     }
     let set = &mut (*TABLE.0.get())[set_index(kind, prefix, key)];

@@ -8,7 +8,7 @@
 //! CPython 3.11, which calls a Python function called from C through its
 //! vectorcall but inlines calls from Python code without it, torch's function
 //! objects also get fastmodule's vectorcall entry point ([`routed`], as for the
-//! registration functions, see `methods`): a call with a fast instance made
+//! registration functions, see `crate::registry::vectorcalls`): a call with a fast instance made
 //! from C runs fastmodule's body without torch's frame; anything else, or any
 //! call while a PEP 523 frame evaluator (Dynamo) is installed, runs torch's
 //! code. From 3.12 on, a function whose vectorcall is not CPython's own is

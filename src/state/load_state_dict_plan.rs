@@ -25,7 +25,7 @@
 //! anywhere); and each pair's types, shapes and `is_meta`
 //! (`crate::state::load_state_dict::plain_copy`, the live path's test). Any difference
 //! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
-//! live path does (`crate::state::state_dict`'s `copy_all`). The cyclic GC is paused
+//! live path does (`crate::state::load_state_dict`'s `copy_all`). The cyclic GC is paused
 //! during the checks (so no finalizer runs between them), and the pairs are
 //! the replay's own references while `copy_` releases the GIL.
 use crate::cpython::capi;
