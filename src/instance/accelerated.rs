@@ -166,7 +166,8 @@ pub fn keep_flag(
     let _ = FLAG.set((namespace.clone().unbind(), flag.clone().unbind()));
 }
 
-/// Record whether any class is accelerated in place (see `crate::routes::whole_tree::install_check`).
+/// Record whether any class is accelerated in place (see
+/// `crate::routes::whole_tree::install_check`).
 pub fn note_accelerated(py: Python<'_>, any: bool) -> PyResult<()> {
     if let Some((namespace, flag)) = FLAG.get() {
         let namespace = namespace.bind(py);
