@@ -1,53 +1,34 @@
 //! fastmodule's native core: `torch.nn.Module` hot paths in Rust.
 //!
-//! Layout by concern:
-//! - `call`: the module call (`tp_call`),
-//! - `attr`: registered-attribute reads (`tp_getattro`),
-//! - `register`: the bodies of `__setattr__`/`__delattr__` and register_*,
-//! - `methods`: torch's registration functions served through their vectorcall,
-//! - `slots`: installing the C slots on classes (and re-arming them),
-//! - `hooks`: the module-level hook dicts,
-//! - `tracing`: the jit-tracing probe (libtorch's symbol, found without file names),
-//! - `traversal`: tree walks (named_modules & co., train/eval, zero_grad, apply),
-//! - `zero_grad`: reading the grads from a recorded parameters walk first,
-//! - `apply`: `_apply` (`.to()`, `.float()`, `.cuda()`, ...),
-//! - `state_dict`: `load_state_dict`'s walk and `_load_from_state_dict`'s common case,
-//! - `containers`: ModuleList/Sequential/ModuleDict iteration and len,
-//! - `leaves`: torch's Sequential/Linear/ReLU `forward` without their frames,
-//! - `paths`: `get_submodule`, `set_submodule`, `get_parameter`, `get_buffer`,
-//! - `errors`: torch's exception texts,
-//! - `lookup`, `state`, `ffi_ext`: shared primitives.
-mod accelerated;
-mod apply;
-mod attr;
+//! Folders by concern, in layers; a folder uses only the layers below it
+//! (`python scripts/src_graph.py` prints the graph and fails on a cycle):
+//! - `cpython/` (0): the interpreter boundary — the C API re-exported
+//!   (`capi`), private API, struct layouts and version differences behind
+//!   typed wrappers;
+//! - `torch_api/` (1): what we know about torch — captured originals,
+//!   exception texts, hook dicts, the jit-tracing probe, runtime state;
+//! - `instance/` (2): one module and its class — fast instances, attribute
+//!   reads, method dispatch, per-instance facts, registries, names;
+//! - `call/` (3): the module call and attribute reads through C slots,
+//!   frameless layer forwards, containers;
+//! - `plans/` (3): recorded walks and what their replays check;
+//! - `registry/` (4): `__setattr__`/`__delattr__`/register_*, and torch's
+//!   functions served through their vectorcall;
+//! - `walk/` (5): tree walks — iterators, `train`, `apply`, `zero_grad`,
+//!   dotted paths;
+//! - `state/` (6): `state_dict`, `load_state_dict`, `_apply`;
+//! - `routes/` (7): torch's whole-tree methods routed to native bodies.
+//!
+//! This file registers the Python functions of `fastmodule._core`.
 mod call;
-mod callcache;
-mod containers;
 mod cpython;
-mod eager_plans;
-mod errors;
-mod facts;
-mod ffi_ext;
-mod hooks;
-mod items;
-mod leaves;
-mod load_plan;
-mod lookup;
-mod methods;
-mod names;
-mod paths;
-mod plan_parts;
+mod instance;
 mod plans;
-mod register;
+mod registry;
 mod routes;
-mod runtime;
-mod slots;
 mod state;
-mod state_dict;
-mod state_dict_plan;
-mod tracing;
-mod traversal;
-mod zero_grad;
+mod torch_api;
+mod walk;
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -60,10 +41,10 @@ use pyo3::types::PyType;
 #[pyo3(signature = (fast_module, off = Vec::new()))]
 fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> PyResult<()> {
     for name in &off {
-        slots::switch_off(match name.as_str() {
-            "call" => slots::CALL,
-            "getattr" => slots::GETATTR,
-            "registration" => slots::REGISTRATION,
+        call::slots::switch_off(match name.as_str() {
+            "call" => call::slots::CALL,
+            "getattr" => call::slots::GETATTR,
+            "registration" => call::slots::REGISTRATION,
             other => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "unknown native path {other:?}"
@@ -74,13 +55,13 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
     cpython::quiet::init(py)?;
     // No free dict-watcher slot: caches and plans stay off (see `cache_validity`).
     let _ = cpython::validity::init(py);
-    state::init(py, fast_module)?;
-    slots::capture_generic(state::require(py)?);
-    facts::init(state::require(py)?);
-    methods::install(py)?;
-    slots::install_class(py, fast_module)?;
-    items::init(py)?;
-    traversal::init(py, fast_module.as_any())?;
+    torch_api::originals::init(py, fast_module)?;
+    call::slots::capture_generic(torch_api::originals::require(py)?);
+    instance::walk_facts::init(torch_api::originals::require(py)?);
+    registry::vectorcalls::install(py)?;
+    call::slots::install_class(py, fast_module)?;
+    instance::registries::init(py)?;
+    instance::dispatch::init(py, fast_module.as_any())?;
     Ok(())
 }
 
@@ -89,51 +70,51 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
 /// original, else whatever is installed there. Iterators come back as native
 /// iterators; the Python wrappers turn them into generators.
 #[pyfunction]
-#[pyo3(signature = (method, module, *args))]
-fn walk<'py>(
+#[pyo3(name = "walk", signature = (method, module, *args))]
+fn walk_method<'py>(
     py: Python<'py>,
     method: &str,
     module: &Bound<'py, PyAny>,
     args: &Bound<'py, pyo3::types::PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let m = traversal::method_named(method).ok_or_else(|| {
+    let m = routes::wrapped_methods::method_named(method).ok_or_else(|| {
         pyo3::exceptions::PyValueError::new_err(format!("not a wrapped method: {method}"))
     })?;
-    traversal::call_root(py, m, module, args)
+    routes::wrapped_methods::call_root(py, m, module, args)
 }
 
 /// Forget every recorded walk (the next walk of each tree records anew).
 #[pyfunction]
 fn clear_plans() {
-    plans::clear();
-    eager_plans::TABLE.clear();
-    state_dict_plan::TABLE.clear();
-    load_plan::TABLE.clear();
-    plan_parts::clear_refusals();
+    plans::module_walks::clear();
+    plans::eager::TABLE.clear();
+    state::state_dict_plan::TABLE.clear();
+    state::load_state_dict_plan::TABLE.clear();
+    plans::table::clear_refusals();
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
 #[pyfunction]
 fn plan_stats() -> (usize, usize) {
-    plans::stats()
+    plans::module_walks::stats()
 }
 
 /// `(train/eval and no-op `_apply` walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn eager_plan_stats() -> (usize, usize) {
-    eager_plans::TABLE.stats()
+    plans::eager::TABLE.stats()
 }
 
 /// `(state_dict walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn state_dict_plan_stats() -> (usize, usize) {
-    state_dict_plan::TABLE.stats()
+    state::state_dict_plan::TABLE.stats()
 }
 
 /// `(load_state_dict walks recorded as plans, replayed)` since import.
 #[pyfunction]
 fn load_plan_stats() -> (usize, usize) {
-    load_plan::TABLE.stats()
+    state::load_state_dict_plan::TABLE.stats()
 }
 
 /// Would a lookup by an exact `str` in `obj` run no code (an exact dict with
@@ -181,19 +162,19 @@ fn tracer_check_known() -> bool {
 /// Capture what the native `_apply` needs (see `fastmodule.conversion`).
 #[pyfunction]
 fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    apply::init(py, config)
+    state::apply::init(py, config)
 }
 
 /// Capture torch's layer functions the call path may run natively.
 #[pyfunction]
 fn init_layers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    leaves::init(py, config)
+    call::layers::init(py, config)
 }
 
 /// Serve torch's container methods (`config`: qualified name -> function).
 #[pyfunction]
 fn init_containers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    containers::init(py, config)
+    call::containers::init(py, config)
 }
 
 /// Route torch's own whole-tree methods to `bodies[name]` for fast instances.
@@ -203,7 +184,7 @@ fn route_torch_methods(
     bodies: &Bound<'_, pyo3::types::PyDict>,
     copies: &Bound<'_, pyo3::types::PyDict>,
 ) -> PyResult<()> {
-    routes::install(py, bodies, copies)
+    routes::whole_tree::install(py, bodies, copies)
 }
 
 /// Make the Python function `func` answer, when called eagerly, whether
@@ -215,14 +196,14 @@ fn install_route_check(
     namespace: &Bound<'_, pyo3::types::PyDict>,
     flag: &Bound<'_, pyo3::types::PyString>,
 ) -> PyResult<()> {
-    routes::install_check(func, namespace, flag)
+    routes::whole_tree::install_check(func, namespace, flag)
 }
 
 /// Give `cls` (a fastmodule.Module subclass) the native slots its MRO allows.
 /// Returns which of (call, getattr, setattr) it carries.
 #[pyfunction]
 fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
-    let i = slots::install_class(py, cls)?;
+    let i = call::slots::install_class(py, cls)?;
     Ok((i.call, i.getattr, i.setattr))
 }
 
@@ -230,33 +211,33 @@ fn install_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, boo
 /// the native paths. Returns which of (call, getattr, setattr) it carries.
 #[pyfunction]
 fn accelerate_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
-    let i = slots::accelerate_class(py, cls)?;
+    let i = call::slots::accelerate_class(py, cls)?;
     Ok((i.call, i.getattr, i.setattr))
 }
 
 /// Undo `accelerate_class`; False if `cls` was not accelerated in place.
 #[pyfunction]
 fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> {
-    slots::restore_class(py, cls)
+    call::slots::restore_class(py, cls)
 }
 
 /// Is `cls` accelerated in place?
 #[pyfunction]
 fn is_accelerated_class(cls: &Bound<'_, PyType>) -> bool {
-    slots::is_accelerated(cls)
+    call::slots::is_accelerated(cls)
 }
 
 /// Which of (call, getattr, setattr) slots `cls` carries right now.
 #[pyfunction]
 fn installed(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<(bool, bool, bool)> {
-    let i = slots::installed(py, cls)?;
+    let i = call::slots::installed(py, cls)?;
     Ok((i.call, i.getattr, i.setattr))
 }
 
 /// True when jit-tracing is detected through libtorch directly.
 #[pyfunction]
 fn native_tracing_probe() -> bool {
-    tracing::native()
+    torch_api::jit_tracing::native()
 }
 
 /// Look libtorch's `getTracingState` up through the loaded library
@@ -266,19 +247,19 @@ fn native_tracing_probe() -> bool {
 #[pyfunction]
 #[pyo3(signature = (torch_library, walk = true))]
 fn resolve_tracing_probe(torch_library: Option<&str>, walk: bool) -> (bool, String) {
-    tracing::resolve(torch_library, walk)
+    torch_api::jit_tracing::resolve(torch_library, walk)
 }
 
 /// `(native probe in use, what the last lookup found)`.
 #[pyfunction]
 fn tracing_probe() -> (bool, String) {
-    tracing::status()
+    torch_api::jit_tracing::status()
 }
 
 /// Are recorded walks (plans) kept on this interpreter build?
 #[pyfunction]
 fn recorded_walks() -> bool {
-    plan_parts::enabled()
+    plans::table::enabled()
 }
 
 /// How this interpreter decides that a remembered dict or class is unchanged
@@ -294,73 +275,20 @@ fn cache_validity() -> String {
 /// state (which also moves on `move_to_end`). None for non-dicts.
 #[pyfunction]
 fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
-    dict_version_of(py, d)
-}
-
-pub(crate) fn dict_version_of(
-    py: Python<'_>,
-    d: &Bound<'_, PyAny>,
-) -> PyResult<Option<(u64, u64)>> {
-    if !d.is_instance_of::<pyo3::types::PyDict>() {
-        return Ok(None);
-    }
-    let tag = unsafe { cpython::validity::dict_version(d.as_ptr()) };
-    let is_odict = state::require(py)
-        .map(|g| unsafe { pyo3::ffi::Py_TYPE(d.as_ptr()) } == g.odict)
-        .unwrap_or(false);
-    let od_state = if is_odict {
-        match odict_state_offset(py)? {
-            Some(off) => unsafe { *((d.as_ptr() as *const u8).add(off) as *const u64) },
-            // Layout not recognised: report "always changed".
-            None => u64::MAX - tag,
-        }
-    } else {
-        0
-    };
-    Ok(Some((tag, od_state)))
+    let odict = torch_api::originals::require(py).map(|g| g.odict).ok();
+    cpython::dicts::dict_version_of(py, d, odict)
 }
 
 /// Capture torch's runtime state accessors (see `fastmodule.runtime`).
 #[pyfunction]
 fn init_runtime(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    runtime::init(config)
+    torch_api::runtime::init(config)
 }
 
 /// Capture what the native load walk needs (see `fastmodule.loading`).
 #[pyfunction]
 fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-    state_dict::init(config)
-}
-
-/// Offset of `od_state` in CPython's `PyODictObject` (after the dict and five
-/// pointer-sized fields), verified once on a live OrderedDict.
-fn odict_state_offset(py: Python<'_>) -> PyResult<Option<usize>> {
-    static OFFSET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    if let Some(o) = OFFSET.get() {
-        return Ok(*o);
-    }
-    let off = std::mem::size_of::<pyo3::ffi::PyDictObject>() + 5 * std::mem::size_of::<usize>();
-    let od = py.import("collections")?.getattr("OrderedDict")?.call0()?;
-    let read =
-        |o: &Bound<'_, PyAny>| unsafe { *((o.as_ptr() as *const u8).add(off) as *const u64) };
-    let ok = (|| -> PyResult<bool> {
-        let basic =
-            unsafe { (*(od.get_type().as_ptr() as *mut pyo3::ffi::PyTypeObject)).tp_basicsize };
-        if basic < (off + 8) as isize {
-            return Ok(false);
-        }
-        od.set_item("a", 1)?;
-        od.set_item("b", 2)?;
-        let s0 = read(&od);
-        od.call_method1("move_to_end", ("a",))?;
-        let s1 = read(&od);
-        od.call_method1("move_to_end", ("b",))?;
-        let s2 = read(&od);
-        Ok(s1 != s0 && s2 != s1)
-    })()?;
-    let result = if ok { Some(off) } else { None };
-    let _ = OFFSET.set(result);
-    Ok(result)
+    state::load_state_dict::init(config)
 }
 
 #[pymodule]
@@ -384,12 +312,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resolve_tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(tracing_probe, m)?)?;
     m.add_function(wrap_pyfunction!(recorded_walks, m)?)?;
-    m.add_function(wrap_pyfunction!(walk, m)?)?;
+    m.add_function(wrap_pyfunction!(walk_method, m)?)?;
     m.add_function(wrap_pyfunction!(init_apply, m)?)?;
     m.add_function(wrap_pyfunction!(init_load, m)?)?;
     m.add_function(wrap_pyfunction!(init_runtime, m)?)?;
-    m.add_function(wrap_pyfunction!(state_dict::load_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(state_dict::load_replay, m)?)?;
+    m.add_function(wrap_pyfunction!(state::load_state_dict::load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(state::load_state_dict::load_replay, m)?)?;
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_function(wrap_pyfunction!(cache_validity, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
@@ -398,9 +326,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;
     m.add_function(wrap_pyfunction!(set_tracer_check, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
-    m.add_class::<traversal::NamedModules>()?;
-    m.add_class::<traversal::NamedMembers>()?;
-    m.add_class::<traversal::NamedChildren>()?;
-    m.add_class::<traversal::Values>()?;
+    m.add_class::<walk::named_modules::NamedModules>()?;
+    m.add_class::<walk::named_members::NamedMembers>()?;
+    m.add_class::<walk::children::NamedChildren>()?;
+    m.add_class::<walk::children::Values>()?;
     Ok(())
 }

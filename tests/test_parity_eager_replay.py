@@ -1,5 +1,5 @@
 """``train()``/``eval()`` and no-op conversions from a recorded walk
-(``src/eager_plans.rs``).
+(``src/plans/eager.rs``).
 
 A complete ``train(mode)`` or recognised ``_apply`` (``.float()``, ``.to(...)``, ...)
 of a tree is recorded; later calls replay it after checking every visited module

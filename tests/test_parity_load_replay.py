@@ -1,4 +1,4 @@
-"""``load_state_dict`` from a recorded walk (``src/load_plan.rs``).
+"""``load_state_dict`` from a recorded walk (``src/state/load_state_dict_plan.rs``).
 
 A complete load of a tree with no load hooks and no overriding classes is recorded;
 the next load of the unchanged tree whose dict holds exactly the expected keys copies

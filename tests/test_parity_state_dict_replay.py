@@ -1,4 +1,4 @@
-"""``state_dict()`` from a recorded walk (``src/state_dict_plan.rs``).
+"""``state_dict()`` from a recorded walk (``src/state/state_dict_plan.rs``).
 
 A complete ``state_dict()`` with no destination is recorded; the next call on an
 unchanged tree checks every visited module and builds the result from the recording.

@@ -1,5 +1,5 @@
 """``zero_grad`` reading the grads from the recorded parameters walk first
-(``src/zero_grad.rs``).
+(``src/walk/zero_grad.rs``).
 
 Once ``parameters()`` of a tree was walked completely, ``zero_grad`` reads the
 grads of the parameters it would visit in one checked pass: when all are None

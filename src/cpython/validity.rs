@@ -315,7 +315,7 @@ mod dicts {
     unsafe fn set_dict_to_itself(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
         let t = &mut *TABLE.0.get();
         let name = t.dunder_dict;
-        let descr = crate::ffi_ext::_PyType_Lookup(ffi::Py_TYPE(obj), name);
+        let descr = crate::cpython::private_api::_PyType_Lookup(ffi::Py_TYPE(obj), name);
         let getset = std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type);
         let ok = !descr.is_null()
             && ffi::Py_TYPE(descr) == getset
@@ -439,6 +439,45 @@ mod dicts {
 #[inline(always)]
 pub unsafe fn dict_version(dict: *mut ffi::PyObject) -> u64 {
     dicts::version(dict)
+}
+
+/// What an instance-keyed entry (here and in `crate::instance::walk_facts`) describes: one
+/// instance dict at one version tag, seen through one class at one
+/// `tp_version_tag`. Tags are never reused, so a key that still matches means
+/// neither has changed since the entry was made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub dict: *mut ffi::PyObject,
+    pub version: u64,
+    pub tp: *mut ffi::PyTypeObject,
+    pub tp_version: u32,
+}
+
+impl Key {
+    pub const EMPTY: Key = Key {
+        dict: std::ptr::null_mut(),
+        version: 0,
+        tp: std::ptr::null_mut(),
+        tp_version: 0,
+    };
+
+    /// The key of `dict` and `tp` now; None while the class has no version
+    /// tag, or the dict is not quiet (nothing about them can be remembered
+    /// then). A key that still matches therefore also means the dict is
+    /// still quiet: its lookups by exact `str` run no code.
+    #[inline(always)]
+    pub unsafe fn now(tp: *mut ffi::PyTypeObject, dict: *mut ffi::PyObject) -> Option<Key> {
+        let tp_version = class_version(tp);
+        if tp_version == 0 || !super::quiet::dict(dict) {
+            return None;
+        }
+        Some(Key {
+            dict,
+            version: dict_version(dict),
+            tp,
+            tp_version,
+        })
+    }
 }
 
 /// Set up dict versions (at import, with the GIL held). An error means the

@@ -1,0 +1,13 @@
+//! Layer 3 — calling a module and reading its attributes through C slots:
+//! installing `tp_call`/`tp_getattro` on classes ([`slots`]), the call
+//! decision of `_call_impl` ([`module_call`]) and its cache ([`call_cache`]),
+//! registered-attribute reads ([`getattr`]), torch's `Sequential`/`Linear`/
+//! `ReLU` forwards without frames ([`layers`]), and the container protocol
+//! of `ModuleList`/`Sequential`/`ModuleDict` ([`containers`]).
+//! May use: `cpython`, `torch_api`, `instance`.
+pub mod call_cache;
+pub mod containers;
+pub mod getattr;
+pub mod layers;
+pub mod module_call;
+pub mod slots;

@@ -1,0 +1,292 @@
+//! Calling a module: the decision torch's `_wrapped_call_impl` and
+//! `_call_impl` make, without a Python frame.
+//!
+//! Fast path (no `module.compile()`, not jit-tracing, no PEP 523 evaluator,
+//! all 8 hook dicts empty): call `self.forward` directly, as `_call_impl`
+//! does. Anything else runs torch's own `_wrapped_call_impl`, so hooks,
+//! tracing and compilation behave as stock by construction.
+//!
+//! Two entry points share it: the `tp_call` slot of fastmodule classes, and
+//! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
+//! slot was reset by a patch of `nn.Module.__call__`, or when code calls
+//! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
+use crate::cpython::capi;
+use crate::cpython::private_api::custom_eval_frame;
+use crate::cpython::type_cache::type_lookup;
+use crate::instance::attributes::{call_with_self, instance_dict, plain_attr, Plain};
+use crate::torch_api::hooks::hook_dict_len;
+use crate::torch_api::jit_tracing::is_tracing;
+use crate::torch_api::originals::{globals, Globals};
+
+enum Decision {
+    Forward,
+    Stock,
+    Error,
+}
+
+#[inline(always)]
+unsafe fn empty_hooks(h: *mut capi::PyObject, g: &Globals) -> bool {
+    matches!(hook_dict_len(h, g.odict), Some(0))
+}
+
+/// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
+type Hooks = [*mut capi::PyObject; 4];
+
+/// What depends only on the instance `__dict__` and the class (so the call
+/// cache may remember it): the class runs torch's `_call_impl` and
+/// `object.__getattribute__` (the attribute reads `_wrapped_call_impl` and
+/// `_call_impl` make), `_compiled_call_impl` is None, and where the hook
+/// registries are. Err carries the reason to hand over. Reads only a quiet
+/// instance dict (`plain_attr`), so no code runs meanwhile.
+#[inline(always)]
+unsafe fn resolve(
+    g: &Globals,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+) -> Result<Hooks, Decision> {
+    if dict.is_null() {
+        return Err(Decision::Stock);
+    }
+    let n = &g.names;
+    if type_lookup(tp, n.call_impl) != g.orig.call_impl
+        || type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute
+    {
+        return Err(Decision::Stock);
+    }
+    match plain_attr(tp, dict, n.compiled_call_impl) {
+        Plain::Found(v) if v == capi::Py_None() => {}
+        Plain::Error => return Err(Decision::Error),
+        _ => return Err(Decision::Stock),
+    }
+    let mut hooks: Hooks = [std::ptr::null_mut(); 4];
+    for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
+        match plain_attr(tp, dict, name) {
+            Plain::Found(h) => *slot = h,
+            Plain::Error => return Err(Decision::Error),
+            Plain::Unusual => return Err(Decision::Stock),
+        }
+    }
+    Ok(hooks)
+}
+
+/// The checks that read live state on every call: a PEP 523 evaluator, a
+/// trace or profile function (debuggers, profilers and coverage then see
+/// torch's frames), jit tracing, and whether all 8 hook registries are empty
+/// plain dicts.
+#[inline(always)]
+unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
+    if custom_eval_frame() || crate::cpython::tracer::active() {
+        return Decision::Stock;
+    }
+    match is_tracing(g) {
+        Ok(false) => {}
+        Ok(true) => return Decision::Stock,
+        Err(()) => return Decision::Error,
+    }
+    if !hooks.iter().all(|&h| empty_hooks(h, g)) {
+        return Decision::Stock;
+    }
+    match crate::torch_api::hooks::global_call_hooks_empty(g) {
+        Ok(true) => Decision::Forward,
+        Ok(false) => Decision::Stock,
+        Err(()) => Decision::Error,
+    }
+}
+
+/// The positional/keyword arguments of the module call, in either calling
+/// convention, so neither path copies them.
+#[derive(Clone, Copy)]
+enum Args {
+    /// `tp_call`: self separately, an args tuple and a kwargs dict (or null).
+    Tuple(*mut capi::PyObject, *mut capi::PyObject),
+    /// vectorcall of `_wrapped_call_impl`: `args[0]` is self.
+    Vector(*const *mut capi::PyObject, usize, *mut capi::PyObject),
+}
+
+impl Args {
+    /// `func(self, *args, **kwargs)`.
+    unsafe fn call_with_self(
+        self,
+        func: *mut capi::PyObject,
+        slf: *mut capi::PyObject,
+    ) -> *mut capi::PyObject {
+        match self {
+            Args::Tuple(a, k) => call_with_self(func, slf, a, k),
+            Args::Vector(v, n, kw) => capi::PyObject_Vectorcall(func, v, n, kw),
+        }
+    }
+    /// The only argument of a call with one positional argument and no
+    /// keywords.
+    #[inline(always)]
+    unsafe fn single(self) -> Option<*mut capi::PyObject> {
+        match self {
+            Args::Tuple(a, k) => {
+                let no_kw = k.is_null() || capi::PyDict_Size(k) == 0;
+                (no_kw && capi::PyTuple_GET_SIZE(a) == 1).then(|| capi::PyTuple_GET_ITEM(a, 0))
+            }
+            Args::Vector(v, n, kw) => {
+                let no_kw = kw.is_null() || capi::PyTuple_GET_SIZE(kw) == 0;
+                (no_kw && n == 2).then(|| *v.add(1))
+            }
+        }
+    }
+
+    /// `func(*args, **kwargs)`.
+    unsafe fn call(self, func: *mut capi::PyObject) -> *mut capi::PyObject {
+        match self {
+            Args::Tuple(a, k) => capi::PyObject_Call(func, a, k),
+            // No PY_VECTORCALL_ARGUMENTS_OFFSET: the array is our caller's.
+            Args::Vector(v, n, kw) => capi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
+        }
+    }
+}
+
+/// `self.forward(*args, **kwargs)` with `self.forward` resolved as
+/// `object.__getattribute__` would, but without creating a bound method.
+unsafe fn call_forward(
+    g: &Globals,
+    slf: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    args: Args,
+    hooks: &Hooks,
+) -> *mut capi::PyObject {
+    let name = g.names.forward;
+    // `resolve` found the instance dict quiet: the lookup below runs no code,
+    // so the borrowed class attribute `descr` stays valid across it.
+    let descr = type_lookup(tp, name);
+    let data_descr = !descr.is_null()
+        && crate::cpython::types::descr_slots(capi::Py_TYPE(descr))
+            .1
+            .is_some();
+    if !data_descr {
+        let inst = capi::PyDict_GetItemWithError(dict, name);
+        if !inst.is_null() {
+            capi::Py_INCREF(inst);
+            let r = args.call(inst);
+            capi::Py_DECREF(inst);
+            return r;
+        }
+        if !capi::PyErr_Occurred().is_null() {
+            return std::ptr::null_mut();
+        }
+        if !descr.is_null() && capi::PyFunction_Check(descr) != 0 {
+            let entry = crate::call::call_cache::store(tp, dict, *hooks, descr);
+            return call_function(descr, slf, args, entry);
+        }
+    }
+    let f = capi::PyObject_GetAttr(slf, name);
+    if f.is_null() {
+        return f;
+    }
+    let r = args.call(f);
+    capi::Py_DECREF(f);
+    r
+}
+
+/// `func(self, *args)` for a class-level Python function `forward`;
+/// `entry` (or null) is the call cache's entry for `slf`, just validated.
+#[inline(always)]
+unsafe fn call_function(
+    func: *mut capi::PyObject,
+    slf: *mut capi::PyObject,
+    args: Args,
+    entry: *mut crate::call::call_cache::Entry,
+) -> *mut capi::PyObject {
+    // torch's own Sequential/Linear/ReLU forward, without its frame.
+    if let Some(input) = args.single() {
+        if let Some(r) = crate::call::layers::forward(func, slf, input, entry) {
+            return r;
+        }
+    }
+    // Keep the function alive even if the class attribute is replaced
+    // during the call.
+    capi::Py_INCREF(func);
+    let r = args.call_with_self(func, slf);
+    capi::Py_DECREF(func);
+    r
+}
+
+/// Shared by both entry points: None means "run torch's function".
+#[inline(always)]
+unsafe fn fast_call(
+    g: &Globals,
+    slf: *mut capi::PyObject,
+    args: Args,
+) -> Option<*mut capi::PyObject> {
+    let tp = capi::Py_TYPE(slf);
+    let dict = instance_dict(slf);
+    if let Some(e) = crate::call::call_cache::lookup(tp, dict) {
+        let (hooks, forward) = ((*e).hooks, (*e).forward);
+        return match live(g, &hooks) {
+            Decision::Forward => Some(call_function(forward, slf, args, e)),
+            Decision::Stock => None,
+            Decision::Error => Some(std::ptr::null_mut()),
+        };
+    }
+    let decision = match resolve(g, tp, dict) {
+        Ok(hooks) => match live(g, &hooks) {
+            Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
+            other => other,
+        },
+        Err(other) => other,
+    };
+    match decision {
+        Decision::Error => Some(std::ptr::null_mut()),
+        _ => None,
+    }
+}
+
+/// `child(input)` for a module whose `tp_call` is fastmodule's slot, without
+/// building an argument tuple (the slot's own decision, same fallback).
+#[inline(always)]
+pub unsafe fn call_one(
+    child: *mut capi::PyObject,
+    input: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let own = crate::call::slots::is_fn!(
+        crate::cpython::types::call_slot(capi::Py_TYPE(child)),
+        module_call as capi::ternaryfunc
+    );
+    if own {
+        if let Some(g) = globals() {
+            let args = [child, input];
+            if let Some(r) = fast_call(
+                g,
+                child,
+                Args::Vector(args.as_ptr(), 2, std::ptr::null_mut()),
+            ) {
+                return r;
+            }
+        }
+    }
+    capi::PyObject_CallOneArg(child, input)
+}
+
+/// The `tp_call` slot.
+pub unsafe extern "C" fn module_call(
+    slf: *mut capi::PyObject,
+    args: *mut capi::PyObject,
+    kwargs: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let Some(g) = globals() else {
+        return crate::torch_api::errors::not_initialised();
+    };
+    match fast_call(g, slf, Args::Tuple(args, kwargs)) {
+        Some(r) => r,
+        None => call_with_self(g.orig.call, slf, args, kwargs),
+    }
+}
+
+/// Native body of `nn.Module._wrapped_call_impl(self, *args, **kwargs)` for a
+/// fastmodule instance; None means "run torch's function".
+pub unsafe fn wrapped_call_impl(
+    g: &Globals,
+    args: *const *mut capi::PyObject,
+    nargs: usize,
+    kwnames: *mut capi::PyObject,
+) -> Option<*mut capi::PyObject> {
+    let slf = *args;
+    crate::call::slots::rearm(g, capi::Py_TYPE(slf));
+    fast_call(g, slf, Args::Vector(args, nargs, kwnames))
+}

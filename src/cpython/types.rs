@@ -1,0 +1,71 @@
+//! Reads and writes of a type object's fields: its C slots (`tp_call`,
+//! `tp_getattro`, `tp_descr_get`/`tp_descr_set`, `tp_hash`,
+//! `tp_richcompare`), its MRO and its base. fastmodule installs its own
+//! `tp_call`/`tp_getattro` on classes (see `crate::call::slots`) and compares
+//! slots with `object`'s; everything else goes through the C API. All with
+//! the GIL held, on live type objects.
+use pyo3::ffi::{self, PyObject, PyTypeObject};
+
+/// `object` (`PyBaseObject_Type`).
+#[inline(always)]
+pub fn object_type() -> *mut PyTypeObject {
+    std::ptr::addr_of_mut!(ffi::PyBaseObject_Type)
+}
+
+/// `tp`'s `tp_call` slot.
+#[inline(always)]
+pub unsafe fn call_slot(tp: *mut PyTypeObject) -> Option<ffi::ternaryfunc> {
+    (*tp).tp_call
+}
+
+/// Set `tp`'s `tp_call` slot (CPython recomputes it when a dunder is
+/// assigned on the class or a base).
+#[inline(always)]
+pub unsafe fn set_call_slot(tp: *mut PyTypeObject, f: Option<ffi::ternaryfunc>) {
+    (*tp).tp_call = f;
+}
+
+/// `tp`'s `tp_getattro` slot.
+#[inline(always)]
+pub unsafe fn getattro_slot(tp: *mut PyTypeObject) -> Option<ffi::getattrofunc> {
+    (*tp).tp_getattro
+}
+
+/// Set `tp`'s `tp_getattro` slot (as [`set_call_slot`]).
+#[inline(always)]
+pub unsafe fn set_getattro_slot(tp: *mut PyTypeObject, f: Option<ffi::getattrofunc>) {
+    (*tp).tp_getattro = f;
+}
+
+/// `tp`'s descriptor slots `(tp_descr_get, tp_descr_set)`: a data
+/// descriptor has both.
+#[inline(always)]
+pub unsafe fn descr_slots(
+    tp: *mut PyTypeObject,
+) -> (Option<ffi::descrgetfunc>, Option<ffi::descrsetfunc>) {
+    ((*tp).tp_descr_get, (*tp).tp_descr_set)
+}
+
+/// `tp`'s `tp_hash` slot.
+#[inline(always)]
+pub unsafe fn hash_slot(tp: *mut PyTypeObject) -> Option<ffi::hashfunc> {
+    (*tp).tp_hash
+}
+
+/// `tp`'s `tp_richcompare` slot.
+#[inline(always)]
+pub unsafe fn richcompare_slot(tp: *mut PyTypeObject) -> Option<ffi::richcmpfunc> {
+    (*tp).tp_richcompare
+}
+
+/// `tp.__mro__` (borrowed; null before the type is ready).
+#[inline(always)]
+pub unsafe fn mro(tp: *mut PyTypeObject) -> *mut PyObject {
+    (*tp).tp_mro
+}
+
+/// `tp`'s `tp_base` (borrowed; null for `object`).
+#[inline(always)]
+pub unsafe fn base(tp: *mut PyTypeObject) -> *mut PyTypeObject {
+    (*tp).tp_base
+}

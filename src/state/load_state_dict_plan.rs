@@ -1,0 +1,468 @@
+//! Recorded `load_state_dict` walks.
+//!
+//! torch's `load` recursion hands each module the entries of its parent's
+//! dict under the module's prefix, runs `_load_from_state_dict` (which copies
+//! each parameter and persistent buffer from `prefix + name` and scans the
+//! dict for unexpected keys) and recurses into `_modules`. When no module
+//! overrides `_load_from_state_dict` or `set_extra_state` and none has a
+//! load hook, what that reads besides the given dict depends only on the
+//! classes, the instance dicts, their registries and each
+//! `_non_persistent_buffers_set`. A plan lists the visits of such a tree with
+//! those objects and versions, and every parameter and buffer with its full
+//! key (names without `.`, none called `_extra_state`, none both a parameter
+//! and a buffer, so a key is expected exactly where torch's scan would accept
+//! it and torch's `local_state` has one entry per key).
+//!
+//! A replay first checks, without changing anything and without running
+//! code: every visit (as in `crate::plans::eager`, plus the hook dicts' sizes,
+//! which change without the instance dict); every buffer's persistence, in a
+//! `_non_persistent_buffers_set` of exact strs (its contents change without
+//! any version, so this is checked on every call); each module's local
+//! metadata (`metadata.get(prefix[:-1])`: absent, or a dict without a true
+//! `assign_to_params_buffers`, read only where every key is an exact str);
+//! that the given dict has only exact str keys, exactly as many as the
+//! expected keys, and all of them (so no key is missing or unexpected
+//! anywhere); and each pair's types, shapes and `is_meta`
+//! (`crate::state::load_state_dict::plain_copy`, the live path's test). Any difference
+//! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
+//! live path does (`crate::state::load_state_dict`'s `copy_all`). The cyclic GC is paused
+//! during the checks (so no finalizer runs between them), and the pairs are
+//! the replay's own references while `copy_` releases the GIL.
+use crate::cpython::capi;
+use crate::cpython::recursion::room_for;
+use crate::cpython::type_cache::type_lookup;
+use crate::cpython::validity::dict_version;
+use crate::plans::table::{refuse, refused, Table, Walk};
+use crate::plans::visit::{concat, empty_hooks, hooks_empty, visit_children, Checked};
+use crate::state::load_state_dict::{plain_copy, CopyPair};
+use crate::torch_api::originals::Globals;
+use pyo3::prelude::*;
+use std::cell::Cell;
+
+struct Visit {
+    module: Checked,
+    /// `_load_state_dict_pre_hooks`, `_load_state_dict_post_hooks`.
+    hooks: [*mut capi::PyObject; 2],
+    /// `_non_persistent_buffers_set` (an exact set).
+    non_persistent: *mut capi::PyObject,
+    /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
+    metadata_key: Py<PyAny>,
+    /// The local metadata the last full check found here (an exact dict or
+    /// null: absent) with its version (see `Plan::metadata_seen`).
+    local_seen: Cell<(*mut capi::PyObject, u64)>,
+    entries: (u32, u32),
+}
+
+struct Entry {
+    /// Borrowed from the visit's unchanged registry.
+    tensor: *mut capi::PyObject,
+    /// `prefix + name` (owned; its hash is cached after the first lookup).
+    key: Py<PyAny>,
+    /// A buffer's name (a key of the unchanged `_buffers`); null for a
+    /// parameter.
+    buffer: *mut capi::PyObject,
+    /// Was the buffer persistent when recorded?
+    persistent: bool,
+}
+
+pub(crate) struct Plan {
+    root: *mut capi::PyObject,
+    visits: Vec<Visit>,
+    entries: Vec<Entry>,
+    max_depth: u32,
+    /// The `_metadata` dict (address, version) whose local metadata the last
+    /// check found plain, every local one an exact dict or absent; (0, 0)
+    /// when none. While it and each `Visit::local_seen` keep their versions
+    /// (unique per change: a new binding or key is a new version), the
+    /// lookups would find the same, so they are not made again.
+    metadata_seen: Cell<(usize, u64)>,
+}
+
+pub(crate) static TABLE: Table<Plan> = Table::new();
+
+/// torch's own `_load_from_state_dict` and `set_extra_state`.
+pub struct Originals {
+    pub load_from_state_dict: *mut capi::PyObject,
+    pub set_extra_state: *mut capi::PyObject,
+}
+
+/// The copies of `load(root, state_dict)`, in torch's order, from `root`'s
+/// plan: Some when the plan held and the given dict matches it exactly (no
+/// key missing or unexpected, every pair torch's common case), None when the
+/// caller must walk live (nothing was done). `state_dict` is a dict or
+/// `OrderedDict`; the caller checked that nothing is assigned, the metadata
+/// is None or a dict or `OrderedDict`, torch's `swap_tensors` flag is off
+/// and no mode is active, and makes the copies
+/// (`crate::state::load_state_dict::load_replay`).
+pub fn replay<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    root: &Bound<'py, PyAny>,
+    state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
+) -> Option<PyResult<Vec<CopyPair<'py>>>> {
+    let r = root.as_ptr();
+    let (i, plan) = TABLE.find(|p| p.root == r)?;
+    let gc = crate::cpython::gc::GcPause::new();
+    let checked = unsafe { check(py, g, &plan, state_dict, metadata) };
+    drop(gc);
+    let pairs = match checked {
+        Check::Pairs(p) => p,
+        Check::Stale => {
+            TABLE.forget(i);
+            return None;
+        }
+        Check::Differs => return None,
+        Check::Error(e) => return Some(Err(e)),
+    };
+    TABLE.note_replay();
+    Some(Ok(pairs))
+}
+
+enum Check<'py> {
+    /// Everything matches: the (key, param, input) copies, in torch's order.
+    Pairs(Vec<CopyPair<'py>>),
+    /// The tree changed: drop the plan.
+    Stale,
+    /// The tree holds, but this call is not the plain case.
+    Differs,
+    Error(PyErr),
+}
+
+/// The interned names [`copies_in_place`] reads (borrowed, immortal by
+/// interning).
+pub(crate) struct AssignNames {
+    get: *mut capi::PyObject,
+    assign: *mut capi::PyObject,
+}
+
+impl AssignNames {
+    pub(crate) fn new(py: Python<'_>) -> AssignNames {
+        AssignNames {
+            get: pyo3::intern!(py, "get").as_ptr(),
+            assign: pyo3::intern!(py, "assign_to_params_buffers").as_ptr(),
+        }
+    }
+}
+
+/// Would torch's `_load_from_state_dict` find no true
+/// `assign_to_params_buffers` in `local_metadata` (borrowed; null: absent,
+/// torch's fresh `{}`), read without running code? False where it cannot
+/// tell so (not a dict or `OrderedDict` with `dict`'s `get`, a key that is
+/// not an exact str).
+///
+/// # Safety
+/// GIL held.
+pub(crate) unsafe fn copies_in_place(
+    g: &Globals,
+    names: &AssignNames,
+    local_metadata: *mut capi::PyObject,
+) -> bool {
+    if local_metadata.is_null() {
+        return true;
+    }
+    if !crate::state::load_state_dict::plain_mapping(g, local_metadata, names.get)
+        || !crate::cpython::str_keys::all_str(local_metadata)
+    {
+        return false;
+    }
+    // `dict.get` (`OrderedDict`'s is the same): only strs compared, so
+    // nothing runs and nothing can fail.
+    let v = capi::PyDict_GetItemWithError(local_metadata, names.assign);
+    if v.is_null() {
+        return capi::PyErr_Occurred().is_null();
+    }
+    v == capi::Py_False()
+}
+
+/// Is `md` the `_metadata` dict `plan`'s last check found plain, with it and
+/// every local metadata dict unchanged since? Each local dict is held by
+/// `md`, unchanged.
+unsafe fn metadata_as_seen(plan: &Plan, md: *mut capi::PyObject) -> bool {
+    plan.metadata_seen.get() == (md as usize, dict_version(md))
+        && plan.visits.iter().all(|v| {
+            let (local, version) = v.local_seen.get();
+            local.is_null() || dict_version(local) == version
+        })
+}
+
+/// Each module's `local_metadata` (`metadata.get(prefix[:-1], {})`) leaves
+/// `_load_from_state_dict` copying in place, read without running code.
+/// `md` is a dict or an `OrderedDict` with `dict`'s `get`.
+unsafe fn metadata_plain(
+    py: Python<'_>,
+    g: &Globals,
+    plan: &Plan,
+    md: *mut capi::PyObject,
+) -> Result<bool, PyErr> {
+    if metadata_as_seen(plan, md) {
+        return Ok(true);
+    }
+    plan.metadata_seen.set((0, 0));
+    if !crate::cpython::str_keys::all_str(md) {
+        return Ok(false);
+    }
+    let names = AssignNames::new(py);
+    let mut exact = true;
+    for v in &plan.visits {
+        let local = capi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+        if local.is_null() && !capi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if !copies_in_place(g, &names, local) {
+            return Ok(false);
+        }
+        // An `OrderedDict`'s answer also depends on its instance `__dict__`:
+        // not remembered.
+        exact &= local.is_null() || capi::PyDict_CheckExact(local) != 0;
+        let version = if local.is_null() {
+            0
+        } else {
+            dict_version(local)
+        };
+        v.local_seen.set((local, version));
+    }
+    if exact {
+        plan.metadata_seen.set((md as usize, dict_version(md)));
+    }
+    Ok(true)
+}
+
+unsafe fn check<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    plan: &Plan,
+    state_dict: &Bound<'py, PyAny>,
+    metadata: &Bound<'py, PyAny>,
+) -> Check<'py> {
+    if !room_for(plan.max_depth) {
+        return Check::Differs;
+    }
+    for v in &plan.visits {
+        if !v.module.holds() || !hooks_empty(g, &v.hooks) {
+            return Check::Stale;
+        }
+    }
+    // Each module's `local_metadata`, as torch's `load` gets it (the caller
+    // checked the metadata is None, a dict or an `OrderedDict`).
+    let md = metadata.as_ptr();
+    if md != capi::Py_None() {
+        match metadata_plain(py, g, plan, md) {
+            Ok(true) => {}
+            Ok(false) => return Check::Differs,
+            Err(e) => return Check::Error(e),
+        }
+    }
+    let sd = state_dict.as_ptr();
+    let (mut pos, mut k, mut val) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    while capi::PyDict_Next(sd, &mut pos, &mut k, &mut val) != 0 {
+        if capi::PyUnicode_CheckExact(k) == 0 {
+            return Check::Differs;
+        }
+    }
+    let mut expected: capi::Py_ssize_t = 0;
+    for v in &plan.visits {
+        // A lookup in a set holding anything but exact strs may run code
+        // (an element's `__eq__`): then torch's code makes it, live.
+        if !crate::cpython::quiet::set(v.non_persistent) {
+            return Check::Differs;
+        }
+        for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
+            if !e.buffer.is_null() {
+                let non_persistent = match capi::PySet_Contains(v.non_persistent, e.buffer) {
+                    0 => false,
+                    1 => true,
+                    _ => return Check::Error(PyErr::fetch(py)),
+                };
+                if non_persistent == e.persistent {
+                    // Changed without a version: record afresh.
+                    return Check::Stale;
+                }
+                if non_persistent {
+                    continue;
+                }
+            }
+            expected += 1;
+        }
+    }
+    if capi::PyDict_Size(sd) != expected {
+        return Check::Differs;
+    }
+    let mut pairs = Vec::with_capacity(expected as usize);
+    for e in &plan.entries {
+        if !e.buffer.is_null() && !e.persistent {
+            continue;
+        }
+        // Str keys only: the lookup compares strings, running no code.
+        let input = capi::PyDict_GetItemWithError(sd, e.key.as_ptr());
+        if input.is_null() {
+            if !capi::PyErr_Occurred().is_null() {
+                return Check::Error(PyErr::fetch(py));
+            }
+            return Check::Differs;
+        }
+        let param = Bound::from_borrowed_ptr(py, e.tensor);
+        let input = Bound::from_borrowed_ptr(py, input);
+        // The live path's own test, so that the two take the same pairs.
+        let same = plain_copy(g, &param, &input);
+        match same {
+            Ok(true) => pairs.push((e.key.bind(py).clone(), param, input)),
+            Ok(false) => return Check::Differs,
+            Err(err) => return Check::Error(err),
+        }
+    }
+    Check::Pairs(pairs)
+}
+
+/// After a live load of `root` completed: record the walk, if a plan can
+/// describe it.
+pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
+    let key = (root.as_ptr(), Walk::Load);
+    if !crate::plans::table::enabled() || refused(key) {
+        return;
+    }
+    // A plan that still holds (the last call's dict was not the plain case)
+    // is kept as it is.
+    let r = root.as_ptr();
+    if let Some((_, p)) = TABLE.find(|p| p.root == r) {
+        if p.visits
+            .iter()
+            .all(|v| unsafe { v.module.holds() && hooks_empty(g, &v.hooks) })
+        {
+            return;
+        }
+    }
+    let py = root.py();
+    let mut plan = Plan {
+        root: r,
+        visits: Vec::new(),
+        entries: Vec::new(),
+        max_depth: 0,
+        metadata_seen: Cell::new((0, 0)),
+    };
+    let prefix = pyo3::types::PyString::new(py, "");
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::cpython::gc::GcPause::new();
+    let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
+    drop(gc);
+    // SAFETY: clearing what a lookup of the recording may have raised.
+    unsafe { capi::PyErr_Clear() };
+    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
+        refuse(key);
+        return;
+    }
+    TABLE.store(|p| p.root == r, plan);
+}
+
+/// A registry name a plan can key on: an exact str, not empty, without `.`,
+/// other than `_extra_state`.
+unsafe fn plain_name(name: *mut capi::PyObject, extra: *mut capi::PyObject) -> bool {
+    if capi::PyUnicode_CheckExact(name) == 0 {
+        return false;
+    }
+    let len = capi::PyUnicode_GetLength(name);
+    len > 0
+        && capi::PyUnicode_FindChar(name, '.' as u32, 0, len, 1) == -1
+        && capi::PyUnicode_Compare(name, extra) != 0
+}
+
+/// Record `module`'s visit under `prefix` and its children's, in torch's
+/// order; false where the load leaves what a plan can describe. Runs no
+/// Python code: only quiet dicts and sets and exact strs are read.
+unsafe fn visit(
+    g: &Globals,
+    orig: &Originals,
+    module: &Bound<'_, PyAny>,
+    prefix: &Bound<'_, PyAny>,
+    depth: u32,
+    plan: &mut Plan,
+) -> bool {
+    let py = module.py();
+    let m = module.as_ptr();
+    let tp = capi::Py_TYPE(m);
+    let lfsd = pyo3::intern!(py, "_load_from_state_dict").as_ptr();
+    let ses = pyo3::intern!(py, "set_extra_state").as_ptr();
+    let extra = pyo3::intern!(py, "_extra_state").as_ptr();
+    if type_lookup(tp, lfsd) != orig.load_from_state_dict
+        || type_lookup(tp, ses) != orig.set_extra_state
+        || type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+    {
+        return false;
+    }
+    let Some(checked) = Checked::read(g, m) else {
+        return false;
+    };
+    if capi::PyDict_Contains(checked.seen.dict, lfsd) != 0 {
+        return false;
+    }
+    let hook_names = [
+        pyo3::intern!(py, "_load_state_dict_pre_hooks").as_ptr(),
+        pyo3::intern!(py, "_load_state_dict_post_hooks").as_ptr(),
+    ];
+    let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
+        return false;
+    };
+    let non_persistent =
+        crate::plans::visit::dict_entry(tp, checked.seen.dict, g.names.non_persistent);
+    if non_persistent.is_null() || !crate::cpython::quiet::set(non_persistent) {
+        return false;
+    }
+    let Ok(metadata_key) = crate::instance::qualified_names::name(
+        crate::instance::qualified_names::Kind::ButLast,
+        prefix,
+        prefix,
+        || crate::state::load_state_dict::but_last(prefix),
+    ) else {
+        return false;
+    };
+    if capi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
+        return false;
+    }
+    let start = plan.entries.len() as u32;
+    for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
+        let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        while capi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            // A name that is both a parameter and a buffer is one key of
+            // torch's `local_state` (quiet registries: no code runs).
+            if is_buffer && capi::PyDict_Contains(checked.parameters(), name) != 0 {
+                return false;
+            }
+            if value == capi::Py_None() {
+                continue;
+            }
+            if !plain_name(name, extra) {
+                return false;
+            }
+            let persistent = !is_buffer || capi::PySet_Contains(non_persistent, name) == 0;
+            let Some(key) = concat(prefix, name) else {
+                return false;
+            };
+            plan.entries.push(Entry {
+                tensor: value,
+                key: key.unbind(),
+                buffer: if is_buffer {
+                    name
+                } else {
+                    std::ptr::null_mut()
+                },
+                persistent,
+            });
+        }
+    }
+    plan.max_depth = plan.max_depth.max(depth);
+    plan.visits.push(Visit {
+        module: checked,
+        hooks,
+        non_persistent,
+        metadata_key: metadata_key.unbind(),
+        local_seen: Cell::new((std::ptr::null_mut(), 0)),
+        entries: (start, plan.entries.len() as u32),
+    });
+    visit_children(
+        g,
+        &checked,
+        prefix,
+        |name| plain_name(name, extra),
+        |child, child_prefix| visit(g, orig, child, child_prefix, depth + 1, plan),
+    )
+}

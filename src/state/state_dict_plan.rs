@@ -1,0 +1,337 @@
+//! Recorded `state_dict()` walks.
+//!
+//! With no destination given, torch's `state_dict` builds a new
+//! `OrderedDict` from a pre-order walk of `_modules` (no de-duplication:
+//! a shared module is saved under each of its names). What it reads depends
+//! only on the classes (none overriding `state_dict`, `_save_to_state_dict`,
+//! `get_extra_state` or `__getattribute__`) and on each instance dict: its
+//! three registries, its two state-dict hook dicts (empty), its
+//! `_non_persistent_buffers_set` and its `_version`. A plan lists the visits
+//! of a complete walk with those objects and their versions, the metadata
+//! key of each visit and the key of each tensor, all read after a live walk.
+//!
+//! A replay first checks every visit (as `crate::plans::eager` does, plus the
+//! hook dicts' sizes, which change without the instance dict) and, when it
+//! detaches, that every tensor is an exact `Tensor` or `Parameter` whose
+//! `detach` is torch's, with no torch function or dispatch mode active; the
+//! first difference hands the call to the live walk, which then records
+//! afresh. Then it builds the result: nothing it runs (dict and set
+//! operations on exact builtins with str keys, torch's C `detach`) can run
+//! Python code, and the cyclic GC is paused meanwhile so that no finalizer
+//! can either; so checking everything first is the same as torch's
+//! interleaving. (`detach` releases the GIL: the replay holds its own
+//! references to the plan and to every object it reads from then on.) The
+//! non-persistent sets are read as the walk goes, as torch does (their
+//! contents change without any version), each only while it holds exact
+//! strs alone (`crate::cpython::quiet::set`: else a lookup runs an
+//! element's `__eq__`, which may change what torch's walk reads next); one
+//! that does not, even one changed by another thread while `detach` let it
+//! run, sends the call to the live walk, the replay's work dropped unseen.
+use crate::cpython::capi;
+use crate::cpython::recursion::room_for;
+use crate::cpython::type_cache::type_lookup;
+use crate::instance::attributes::{plain_attr, Plain};
+use crate::instance::dispatch::{is_native, original, Method};
+use crate::plans::table::{refuse, refused, Table, Walk};
+use crate::plans::visit::{concat, dict_entry, empty_hooks, hooks_empty, visit_children, Checked};
+use crate::torch_api::originals::Globals;
+use pyo3::prelude::*;
+
+struct Visit {
+    module: Checked,
+    /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
+    hooks: [*mut capi::PyObject; 2],
+    /// `_non_persistent_buffers_set` (an exact set); null without buffers.
+    non_persistent: *mut capi::PyObject,
+    /// `self._version` (borrowed from the instance dict or the class).
+    version: *mut capi::PyObject,
+    /// `prefix[:-1]`, the `_metadata` key.
+    metadata_key: Py<PyAny>,
+    /// This visit's entries in `Plan::entries`.
+    entries: (u32, u32),
+}
+
+struct Entry {
+    /// Borrowed from the visit's unchanged registry.
+    tensor: *mut capi::PyObject,
+    /// `prefix + name`.
+    key: Py<PyAny>,
+    /// A buffer's name (borrowed, a key of the unchanged `_buffers`); null
+    /// for a parameter.
+    buffer: *mut capi::PyObject,
+}
+
+pub(crate) struct Plan {
+    root: *mut capi::PyObject,
+    prefix: Py<PyAny>,
+    visits: Vec<Visit>,
+    entries: Vec<Entry>,
+    max_depth: u32,
+}
+
+pub(crate) static TABLE: Table<Plan> = Table::new();
+
+fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
+    // Both exact str: the comparison runs no code and cannot fail.
+    a.as_ptr() == b.as_ptr() || unsafe { capi::PyUnicode_Compare(a.as_ptr(), b.as_ptr()) == 0 }
+}
+
+/// Is `t` an exact tensor whose `detach()` is torch's C method (which, with
+/// no mode active, runs no Python code)?
+unsafe fn plain_detach(g: &Globals, t: *mut capi::PyObject, detach: *mut capi::PyObject) -> bool {
+    let tp = capi::Py_TYPE(t);
+    if tp != g.tensor && tp != g.parameter {
+        return false;
+    }
+    let base = crate::cpython::types::base(g.tensor);
+    let found = type_lookup(tp, detach);
+    !base.is_null()
+        && !found.is_null()
+        && found == type_lookup(base, detach)
+        && capi::Py_TYPE(found) == std::ptr::addr_of_mut!(capi::PyMethodDescr_Type)
+}
+
+/// `root.state_dict(prefix=prefix, keep_vars=keep)` with no destination,
+/// from its plan: Some(result) when the plan held, None when the caller must
+/// walk live. `prefix` is an exact str.
+pub fn replay<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    root: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    keep: bool,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let r = root.as_ptr();
+    let (i, plan) = TABLE.find(|p| p.root == r && same_str(prefix, &p.prefix))?;
+    let detach = pyo3::intern!(py, "detach");
+    if !keep {
+        match crate::torch_api::runtime::get().and_then(|rt| rt.modes_active(py)) {
+            Ok(false) => {}
+            Ok(true) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    // SAFETY: see the module docs (checked in visit order).
+    let ok = unsafe {
+        room_for(plan.max_depth)
+            && plan.visits.iter().all(|v| {
+                v.module.holds()
+                    && hooks_empty(g, &v.hooks)
+                    && (keep
+                        || plan.entries[v.entries.0 as usize..v.entries.1 as usize]
+                            .iter()
+                            .all(|e| plain_detach(g, e.tensor, detach.as_ptr())))
+            })
+    };
+    if !ok {
+        TABLE.forget(i);
+        return None;
+    }
+    // A set whose lookups may run code: torch's walk runs it, live (the plan
+    // still holds).
+    if !plan.visits.iter().all(|v| {
+        v.non_persistent.is_null() || unsafe { crate::cpython::quiet::set(v.non_persistent) }
+    }) {
+        return None;
+    }
+    // Our own references, taken before anything can run: `detach` releases
+    // the GIL, and another thread may then change the tree (its changes come
+    // after this call's reads, as one of the orders torch's walk allows) or
+    // drop this plan (`plan` is our own reference).
+    let mut held: Vec<Bound<'py, PyAny>> = Vec::with_capacity(plan.entries.len() * 2);
+    // SAFETY: every pointer is held by an object the checks above found
+    // unchanged, and nothing ran since.
+    unsafe {
+        for v in &plan.visits {
+            held.push(Bound::from_borrowed_ptr(py, v.version));
+            if !v.non_persistent.is_null() {
+                held.push(Bound::from_borrowed_ptr(py, v.non_persistent));
+            }
+        }
+        for e in &plan.entries {
+            held.push(Bound::from_borrowed_ptr(py, e.tensor));
+            if !e.buffer.is_null() {
+                held.push(Bound::from_borrowed_ptr(py, e.buffer));
+            }
+        }
+    }
+    let gc = crate::cpython::gc::GcPause::new();
+    let out = unsafe { build(py, g, &plan, keep) };
+    drop(gc);
+    drop(held);
+    match out {
+        Ok(Some(d)) => {
+            TABLE.note_replay();
+            Some(Ok(d))
+        }
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// The state dict the checked plan describes; None when a
+/// non-persistent set stopped being quiet (nothing observable was done).
+unsafe fn build<'py>(
+    py: Python<'py>,
+    g: &Globals,
+    plan: &Plan,
+    keep: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let odict = Bound::from_borrowed_ptr(py, g.odict as *mut capi::PyObject);
+    let destination = odict.call0()?;
+    let metadata = odict.call0()?;
+    destination.setattr(pyo3::intern!(py, "_metadata"), &metadata)?;
+    let version_name = pyo3::intern!(py, "version");
+    let detach = pyo3::intern!(py, "detach");
+    for v in &plan.visits {
+        let local = pyo3::types::PyDict::new(py);
+        local.set_item(version_name, Bound::from_borrowed_ptr(py, v.version))?;
+        metadata.set_item(v.metadata_key.bind(py), local)?;
+        for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
+            if !e.buffer.is_null() {
+                // Checked at each lookup: `detach` may have let another
+                // thread run since the last.
+                if !crate::cpython::quiet::set(v.non_persistent) {
+                    return Ok(None);
+                }
+                match capi::PySet_Contains(v.non_persistent, e.buffer) {
+                    0 => {}
+                    1 => continue,
+                    _ => return Err(PyErr::fetch(py)),
+                }
+            }
+            let t = Bound::from_borrowed_ptr(py, e.tensor);
+            let value = if keep { t } else { t.call_method0(detach)? };
+            destination.set_item(e.key.bind(py), value)?;
+        }
+    }
+    Ok(Some(destination))
+}
+
+/// After a live `root.state_dict(prefix=prefix)` with no destination
+/// completed: record the walk it would take now, if a plan can describe it.
+pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
+    let key = (root.as_ptr(), Walk::StateDict);
+    if !crate::plans::table::enabled()
+        || unsafe { capi::PyUnicode_CheckExact(prefix.as_ptr()) } == 0
+        || refused(key)
+    {
+        return;
+    }
+    let mut plan = Plan {
+        root: root.as_ptr(),
+        prefix: prefix.clone().unbind(),
+        visits: Vec::new(),
+        entries: Vec::new(),
+        max_depth: 0,
+    };
+    // Nothing the recording allocates may run a finalizer meanwhile.
+    let gc = crate::cpython::gc::GcPause::new();
+    let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
+    drop(gc);
+    // SAFETY: clearing what a lookup of the recording may have raised.
+    unsafe { capi::PyErr_Clear() };
+    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
+        refuse(key);
+        return;
+    }
+    let root = plan.root;
+    TABLE.store(|p| p.root == root && same_str(prefix, &p.prefix), plan);
+}
+
+/// Record `module`'s visit under `prefix` and its children's, in torch's
+/// order; false where the walk leaves what a plan can describe. Runs no
+/// Python code: only quiet dicts and exact strs are read (`is_native`
+/// answers false for a dict that is not quiet, without a lookup).
+unsafe fn visit(
+    g: &Globals,
+    module: &Bound<'_, PyAny>,
+    prefix: &Bound<'_, PyAny>,
+    depth: u32,
+    plan: &mut Plan,
+) -> bool {
+    let py = module.py();
+    let m = module.as_ptr();
+    let tp = capi::Py_TYPE(m);
+    let extra = pyo3::intern!(py, "get_extra_state").as_ptr();
+    if (depth > 0 && !is_native(g, module, Method::StateDict))
+        || !is_native(g, module, Method::SaveToStateDict)
+        || type_lookup(tp, g.names.dunder_getattribute) != g.orig.object_getattribute
+        || type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+        || Some(type_lookup(tp, extra)) != original(Method::GetExtraState)
+    {
+        return false;
+    }
+    let Some(checked) = Checked::read(g, m) else {
+        return false;
+    };
+    let hook_names = [
+        pyo3::intern!(py, "_state_dict_pre_hooks").as_ptr(),
+        pyo3::intern!(py, "_state_dict_hooks").as_ptr(),
+    ];
+    let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
+        return false;
+    };
+    let version = match plain_attr(
+        tp,
+        checked.seen.dict,
+        pyo3::intern!(py, "_version").as_ptr(),
+    ) {
+        Plain::Found(v) => v,
+        _ => return false,
+    };
+    // torch's `prefix[:-1]`.
+    let Some(metadata_key) = crate::state::load_state_dict::but_last(prefix)
+        .ok()
+        .filter(|k| capi::PyUnicode_CheckExact(k.as_ptr()) != 0)
+    else {
+        return false;
+    };
+    let start = plan.entries.len() as u32;
+    let mut non_persistent: *mut capi::PyObject = std::ptr::null_mut();
+    for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
+        let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        while capi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
+            if capi::PyUnicode_CheckExact(name) == 0 {
+                return false;
+            }
+            if value == capi::Py_None() {
+                continue;
+            }
+            if is_buffer && non_persistent.is_null() {
+                non_persistent = dict_entry(tp, checked.seen.dict, g.names.non_persistent);
+                if non_persistent.is_null() || capi::PySet_CheckExact(non_persistent) == 0 {
+                    return false;
+                }
+            }
+            let Some(key) = concat(prefix, name) else {
+                return false;
+            };
+            plan.entries.push(Entry {
+                tensor: value,
+                key: key.unbind(),
+                buffer: if is_buffer {
+                    name
+                } else {
+                    std::ptr::null_mut()
+                },
+            });
+        }
+    }
+    plan.max_depth = plan.max_depth.max(depth);
+    plan.visits.push(Visit {
+        module: checked,
+        hooks,
+        non_persistent,
+        version,
+        metadata_key: metadata_key.unbind(),
+        entries: (start, plan.entries.len() as u32),
+    });
+    visit_children(
+        g,
+        &checked,
+        prefix,
+        |name| capi::PyUnicode_CheckExact(name) != 0,
+        |child, child_prefix| visit(g, child, child_prefix, depth + 1, plan),
+    )
+}
