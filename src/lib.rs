@@ -117,6 +117,39 @@ fn load_plan_stats() -> (usize, usize) {
     state::load_state_dict_plan::TABLE.stats()
 }
 
+/// Why calling `module` now would run torch's `_wrapped_call_impl` instead of
+/// the native path, or None when it takes the native path: the call's own
+/// checks, for `fastmodule check`'s report.
+#[pyfunction]
+fn call_handover(module: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
+    let py = module.py();
+    let g = torch_api::originals::require(py)?;
+    let obj = module.as_ptr();
+    unsafe {
+        let tp = cpython::capi::Py_TYPE(obj);
+        if !call::slots::on(call::slots::CALL) {
+            return Ok(Some(
+                "the native module call is off for this torch (fastmodule doctor says why)",
+            ));
+        }
+        if !instance::fast::is_fast_instance(g, obj) {
+            return Ok(Some(if instance::fast::object_after_nn_module(g, tp) {
+                "its class is not accelerated"
+            } else {
+                "its class has bases after torch.nn.Module (mixins), which fastmodule \
+                     leaves to torch"
+            }));
+        }
+        if cpython::type_cache::type_lookup(tp, g.names.dunder_call) != g.orig.call {
+            return Ok(Some("its class defines its own __call__"));
+        }
+        match call::module_call::handover_reason(g, obj) {
+            Ok(why) => Ok(why.map(|w| w.text())),
+            Err(()) => Err(PyErr::fetch(py)),
+        }
+    }
+}
+
 /// Would a lookup by an exact `str` in `obj` run no code (an exact dict with
 /// a str-only key table, or an exact set of exact str)? For tests and
 /// diagnostics.
@@ -321,6 +354,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dict_version, m)?)?;
     m.add_function(wrap_pyfunction!(cache_validity, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
+    m.add_function(wrap_pyfunction!(call_handover, m)?)?;
     m.add_function(wrap_pyfunction!(locate_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(confirm_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;

@@ -103,6 +103,9 @@ def init_runtime(config: dict[str, object]) -> None:
 def init_containers(config: dict[str, object]) -> None:
     """Serve torch's ModuleList/Sequential/ModuleDict protocol methods natively."""
 
+def call_handover(module: object) -> str | None:
+    """Why calling ``module`` now runs torch's ``_wrapped_call_impl``; None: native."""
+
 def is_quiet(obj: object) -> bool:
     """Would a lookup by an exact str in ``obj`` run no code (str-only exact dict/set)?"""
 

@@ -20,8 +20,45 @@ use crate::torch_api::originals::{globals, Globals};
 
 enum Decision {
     Forward,
-    Stock,
+    Stock(Why),
     Error,
+}
+
+/// Why a module call runs torch's `_wrapped_call_impl` (reported by
+/// [`handover_reason`]; the call itself only needs to know that it does).
+#[derive(Clone, Copy)]
+pub enum Why {
+    NoInstanceDict,
+    CallImplOverridden,
+    GetattributeOverridden,
+    Compiled,
+    UnusualInstanceDict,
+    FrameEvaluator,
+    Tracer,
+    JitTracing,
+    ModuleHooks,
+    GlobalHooks,
+}
+
+impl Why {
+    /// The reason in words, for `fastmodule check`'s report.
+    pub fn text(self) -> &'static str {
+        match self {
+            Why::NoInstanceDict => "the module has no instance __dict__",
+            Why::CallImplOverridden => "its class overrides _call_impl",
+            Why::GetattributeOverridden => "its class overrides __getattribute__",
+            Why::Compiled => "module.compile() was used on it",
+            Why::UnusualInstanceDict => {
+                "its __dict__ is unusual (a key that is not a str, or a hook registry \
+                 shadowed or missing)"
+            }
+            Why::FrameEvaluator => "a PEP 523 frame evaluator (torch.compile) is active",
+            Why::Tracer => "a trace or profile function is set (debugger, profiler, coverage)",
+            Why::JitTracing => "torch.jit.trace is running",
+            Why::ModuleHooks => "it has forward or backward hooks",
+            Why::GlobalHooks => "global module hooks are registered",
+        }
+    }
 }
 
 #[inline(always)]
@@ -45,25 +82,27 @@ unsafe fn resolve(
     dict: *mut capi::PyObject,
 ) -> Result<Hooks, Decision> {
     if dict.is_null() {
-        return Err(Decision::Stock);
+        return Err(Decision::Stock(Why::NoInstanceDict));
     }
     let n = &g.names;
-    if type_lookup(tp, n.call_impl) != g.orig.call_impl
-        || type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute
-    {
-        return Err(Decision::Stock);
+    if type_lookup(tp, n.call_impl) != g.orig.call_impl {
+        return Err(Decision::Stock(Why::CallImplOverridden));
+    }
+    if type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute {
+        return Err(Decision::Stock(Why::GetattributeOverridden));
     }
     match plain_attr(tp, dict, n.compiled_call_impl) {
         Plain::Found(v) if v == capi::Py_None() => {}
+        Plain::Found(_) => return Err(Decision::Stock(Why::Compiled)),
         Plain::Error => return Err(Decision::Error),
-        _ => return Err(Decision::Stock),
+        Plain::Unusual => return Err(Decision::Stock(Why::UnusualInstanceDict)),
     }
     let mut hooks: Hooks = [std::ptr::null_mut(); 4];
     for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
         match plain_attr(tp, dict, name) {
             Plain::Found(h) => *slot = h,
             Plain::Error => return Err(Decision::Error),
-            Plain::Unusual => return Err(Decision::Stock),
+            Plain::Unusual => return Err(Decision::Stock(Why::UnusualInstanceDict)),
         }
     }
     Ok(hooks)
@@ -75,20 +114,23 @@ unsafe fn resolve(
 /// plain dicts.
 #[inline(always)]
 unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
-    if custom_eval_frame() || crate::cpython::tracer::active() {
-        return Decision::Stock;
+    if custom_eval_frame() {
+        return Decision::Stock(Why::FrameEvaluator);
+    }
+    if crate::cpython::tracer::active() {
+        return Decision::Stock(Why::Tracer);
     }
     match is_tracing(g) {
         Ok(false) => {}
-        Ok(true) => return Decision::Stock,
+        Ok(true) => return Decision::Stock(Why::JitTracing),
         Err(()) => return Decision::Error,
     }
     if !hooks.iter().all(|&h| empty_hooks(h, g)) {
-        return Decision::Stock;
+        return Decision::Stock(Why::ModuleHooks);
     }
     match crate::torch_api::hooks::global_call_hooks_empty(g) {
         Ok(true) => Decision::Forward,
-        Ok(false) => Decision::Stock,
+        Ok(false) => Decision::Stock(Why::GlobalHooks),
         Err(()) => Decision::Error,
     }
 }
@@ -220,7 +262,7 @@ unsafe fn fast_call(
         let (hooks, forward) = ((*e).hooks, (*e).forward);
         return match live(g, &hooks) {
             Decision::Forward => Some(call_function(forward, slf, args, e)),
-            Decision::Stock => None,
+            Decision::Stock(_) => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
     }
@@ -234,6 +276,23 @@ unsafe fn fast_call(
     match decision {
         Decision::Error => Some(std::ptr::null_mut()),
         _ => None,
+    }
+}
+
+/// Why a call of `slf` would hand over to torch's `_wrapped_call_impl` now
+/// (None: it takes the native path), from the very checks the call makes;
+/// Err(()) with a Python exception set. The caller has checked that `slf` is
+/// a fastmodule instance whose class resolves `__call__` to torch's.
+pub unsafe fn handover_reason(g: &Globals, slf: *mut capi::PyObject) -> Result<Option<Why>, ()> {
+    let tp = capi::Py_TYPE(slf);
+    let decision = match resolve(g, tp, instance_dict(slf)) {
+        Ok(hooks) => live(g, &hooks),
+        Err(other) => other,
+    };
+    match decision {
+        Decision::Forward => Ok(None),
+        Decision::Stock(why) => Ok(Some(why)),
+        Decision::Error => Err(()),
     }
 }
 

@@ -17,12 +17,13 @@ import torch
 from fastmodule import _core
 from fastmodule.acceleration import NATIVE
 from fastmodule.module import Module
+from fastmodule.tools.check.handovers import CallCount, count_handovers
 from fastmodule.tools.check.parity import Parity, check_parity
 from fastmodule.tools.check.report import CheckReport
-from fastmodule.tools.check.runs import Inputs
+from fastmodule.tools.check.runs import Inputs, Snapshot
 from fastmodule.tools.check.timing import Timings, time_model
 
-__all__ = ["CheckReport", "Parity", "Timings", "check", "describe_inputs"]
+__all__ = ["CallCount", "CheckReport", "Parity", "Timings", "check", "describe_inputs"]
 
 
 def _core_accelerated(cls: type) -> bool:
@@ -90,8 +91,9 @@ def check(
 
             bar = Progress(steps)
         if bar:
-            bar.step("parity: stock, stock again, accelerated")
+            bar.step("parity: stock, stock again, accelerated; counting module calls")
         parity = check_parity(model, inputs, train=train)
+        calls = count_handovers(model, inputs, Snapshot(model), train=train)
         timings = (
             time_model(model, inputs, train=train, repeats=repeats, compile=compile, progress=bar)
             if timing
@@ -109,5 +111,6 @@ def check(
         mode="train step (forward + backward)" if train else "forward",
         device=device,
         parity=parity,
+        calls=calls,
         timings=timings,
     )

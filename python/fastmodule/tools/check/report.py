@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fastmodule.tools.check.handovers import CallCount
 from fastmodule.tools.check.parity import Parity
 from fastmodule.tools.check.timing import Timing, Timings
 
@@ -29,6 +30,8 @@ class CheckReport:
     mode: str
     device: str
     parity: Parity
+    #: Module calls of one run, and those that stay on torch's path, by class and why.
+    calls: CallCount
     timings: Timings | None
 
     @property
@@ -47,6 +50,9 @@ class CheckReport:
             "mode": self.mode,
             "device": self.device,
             "parity": dataclasses.asdict(self.parity),
+            "module_calls": self.calls.calls,
+            "native_calls": self.calls.native_calls,
+            "handovers": [dataclasses.asdict(h) for h in self.calls.handovers],
             "timings": dataclasses.asdict(self.timings) if self.timings else None,
             "speedup": self.timings.speedup if self.timings else None,
             "compiled_speedup": self.timings.compiled_speedup if self.timings else None,
@@ -76,6 +82,18 @@ class CheckReport:
         else:
             lines.append("parity       DIFFERENT from stock")
             lines += [f"             {d}" for d in p.differences]
+        c = self.calls
+        lines.append(
+            f"module calls {c.native_calls} of {c.calls} in one run take fastmodule's native path"
+        )
+        if c.handovers:
+            lines.append("torch's path (class, modules, calls: why)")
+            width = max(len(h.cls) for h in c.handovers)
+            lines += [
+                f"  {h.cls:<{width}}  {_count(h.modules, 'module'):>11}  "
+                f"{_count(h.calls, 'call'):>11}: {h.reason}"
+                for h in c.handovers
+            ]
         t = self.timings
         if t is not None:
             lines.append(
@@ -91,6 +109,10 @@ class CheckReport:
             elif t.compile_note:
                 lines.append(f"  torch.compile  {t.compile_note}")
         return "\n".join(lines)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _seconds(s: float) -> str:
