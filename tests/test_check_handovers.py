@@ -15,7 +15,6 @@ import fastmodule
 from fastmodule import _core
 from fastmodule.tools.check import check
 
-
 TORCH_MODULE_PY = nn.Module._call_impl.__code__.co_filename
 
 
