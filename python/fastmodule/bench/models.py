@@ -28,7 +28,7 @@ from torch import nn
 import fastmodule
 from fastmodule.bench.cases import Case, Variant
 
-__all__ = ["MODEL_CASES"]
+__all__ = ["MODEL_CASES", "bert_model", "gpt2_model", "resnet18_model", "vit_model"]
 
 
 def _direct_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -87,7 +87,8 @@ def _sync(device: torch.device) -> Callable[[], None] | None:
     return torch.cuda.synchronize if device.type == "cuda" else None
 
 
-def _gpt2(device: torch.device) -> nn.Module:
+def gpt2_model(device: torch.device) -> nn.Module:
+    """HF GPT-2 LM head: 12 small layers (64 wide, 4 heads), 1000 tokens, seed 0."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -105,7 +106,7 @@ def _gpt2(device: torch.device) -> nn.Module:
 
 
 def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
-    model = _gpt2(device)
+    model = gpt2_model(device)
     ids = torch.randint(0, 1000, (1, 8), device=device)
 
     def run() -> torch.Tensor:
@@ -146,7 +147,7 @@ def decode(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def _build_gpt2_decode(device: torch.device) -> dict[str, Variant]:
-    model = _gpt2(device)
+    model = gpt2_model(device)
     ids = torch.randint(0, 1000, (1, 8), device=device)
 
     def run() -> torch.Tensor:
@@ -156,7 +157,8 @@ def _build_gpt2_decode(device: torch.device) -> dict[str, Variant]:
     return _three_contexts(model, "run()", {"run": run}, _sync(device))
 
 
-def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
+def bert_model(device: torch.device) -> nn.Module:
+    """HF BERT: 4 small layers (64 wide, 4 heads), 1000 tokens, seed 0."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -167,7 +169,11 @@ def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
         intermediate_size=128,
         vocab_size=1000,
     )
-    model = BertModel(config).eval().to(device)
+    return BertModel(config).eval().to(device)
+
+
+def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
+    model = bert_model(device)
     ids = torch.randint(0, 1000, (1, 16), device=device)
 
     def run() -> torch.Tensor:
@@ -177,11 +183,16 @@ def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
     return _three_contexts(model, "run()", {"run": run}, _sync(device))
 
 
-def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
+def resnet18_model(device: torch.device) -> nn.Module:
+    """timm resnet18 with 10 classes, seed 0."""
     import timm
 
     torch.manual_seed(0)
-    model = timm.create_model("resnet18", pretrained=False, num_classes=10).eval().to(device)
+    return timm.create_model("resnet18", pretrained=False, num_classes=10).eval().to(device)
+
+
+def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
+    model = resnet18_model(device)
     x = torch.randn(1, 3, 64, 64, device=device)
 
     def run() -> torch.Tensor:
@@ -191,14 +202,19 @@ def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
     return _three_contexts(model, "run()", {"run": run}, _sync(device))
 
 
-def _build_vit_forward(device: torch.device) -> dict[str, Variant]:
+def vit_model(device: torch.device) -> nn.Module:
+    """timm ViT-tiny for 32x32 images in 8x8 patches, 10 classes, seed 0."""
     import timm
 
     torch.manual_seed(0)
     model = timm.create_model(
         "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=10
     )
-    model = model.eval().to(device)
+    return model.eval().to(device)
+
+
+def _build_vit_forward(device: torch.device) -> dict[str, Variant]:
+    model = vit_model(device)
     x = torch.randn(1, 3, 32, 32, device=device)
 
     def run() -> torch.Tensor:
