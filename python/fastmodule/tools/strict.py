@@ -126,6 +126,8 @@ def _assigning_frame(frame: types.FrameType | None) -> types.FrameType | None:
 
 
 def _warn_at(frame: types.FrameType, message: str) -> None:
+    # No module_globals: from 3.13 on warn_explicit refuses globals whose __spec__ has
+    # no loader (a script run by runpy); the source line is read from the file.
     registry = frame.f_globals.setdefault("__warningregistry__", {})
     warnings.warn_explicit(
         message,
@@ -134,7 +136,6 @@ def _warn_at(frame: types.FrameType, message: str) -> None:
         frame.f_lineno,
         module=frame.f_globals.get("__name__"),
         registry=registry,
-        module_globals=frame.f_globals,
     )
 
 
