@@ -132,16 +132,25 @@ fn call_handover(module: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
                 "the native module call is off for this torch (fastmodule doctor says why)",
             ));
         }
-        if !instance::fast::is_fast_instance(g, obj) {
-            return Ok(Some(if instance::fast::object_after_nn_module(g, tp) {
-                "its class is not accelerated"
-            } else {
-                "its class has bases after torch.nn.Module (mixins), which fastmodule \
-                     leaves to torch"
-            }));
-        }
-        if cpython::type_cache::type_lookup(tp, g.names.dunder_call) != g.orig.call {
-            return Ok(Some("its class defines its own __call__"));
+        // `m(...)` goes through the class's `tp_call`: fastmodule's slot makes the
+        // native decision; CPython's calls `__call__`, which when it is torch's
+        // `_wrapped_call_impl` reaches fastmodule's entry point for fast instances.
+        let slot = call::slots::current(g, tp).call;
+        if !slot {
+            if cpython::type_cache::type_lookup(tp, g.names.dunder_call) != g.orig.call {
+                return Ok(Some("its class defines its own __call__"));
+            }
+            if !instance::fast::is_fast_instance(g, obj) {
+                let accelerated = cpython::capi::PyType_IsSubtype(tp, g.fast_module) != 0
+                    || instance::accelerated::contains(tp);
+                return Ok(Some(if !accelerated {
+                    "its class is not accelerated"
+                } else {
+                    "its class is accelerated but has bases after torch.nn.Module \
+                         (mixins) and lacks the call slot (a patch of nn.Module.__call__ \
+                         reset it)"
+                }));
+            }
         }
         match call::module_call::handover_reason(g, obj) {
             Ok(why) => Ok(why.map(|w| w.text())),

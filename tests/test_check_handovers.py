@@ -46,6 +46,14 @@ class OwnGetattribute(Probe):
         return super().__getattribute__(name)
 
 
+class Mixin:
+    """A plain class after nn.Module in the MRO (as transformers' PreTrainedModel has)."""
+
+
+class WithMixin(Probe, Mixin):
+    pass
+
+
 def _one(module: Probe) -> Iterator[Probe]:
     yield module
 
@@ -82,6 +90,8 @@ def _odd_key() -> Iterator[Probe]:
 
 SCENARIOS: dict[str, tuple[Callable[[], Iterator[Probe]], str | None]] = {
     "plain": (_plain, None),
+    # Registration and whole-tree methods stay torch's for it; the call is native.
+    "bases after nn.Module": (lambda: _one(WithMixin()), None),
     "forward hook": (_forward_hook, "hooks"),
     "pre-hook": (_pre_hook, "hooks"),
     "global hook": (_global_hook, "global module hooks"),
