@@ -74,17 +74,21 @@ test-repros: build-prod
 
 # One cell of the matrix in its own venv (.venv-pyPY-torchTORCH, gitignored; torch
 # TORCH.* from PyPI, installed once): release build, the suite in SEED's order, the repros.
+# DEBUG=1: the suite under the debug allocator and development mode, as test-debug.
+DEBUG := 0
 test-cell:
-	@REPROS=$(REPROS) TESTS="$(TESTS)" bash scripts/test_cell.sh \
+	@REPROS=$(REPROS) TESTS="$(TESTS)" DEBUG=$(DEBUG) bash scripts/test_cell.sh \
 		$(PY) $(TORCH) $(SEED) "$(call find_py,$(PY))" $(TEST_TOOLS)
 
-# All six cells, one seed for all, whatever fails; a table of counts and seconds at the end.
+# All six cells, one seed for all, whatever fails; a table of counts and seconds at the end
+# (DEBUG=1: each suite under the debug allocator and development mode, as CI's cells).
 # LANES=3: one lane per Python version at once (each cell single-threaded; logs in
 # target/matrix/, shown at the end).
 LANES := 1
 test-matrix:
 	@echo "test-matrix seed: $(SEED) (replay one cell: make test-cell PY=.. TORCH=.. SEED=$(SEED))"
-	@LANES=$(LANES) bash scripts/test_matrix.sh "$(MATRIX_PYS)" "$(TORCH_OLDEST) $(TORCH_LATEST)" SEED=$(SEED)
+	@LANES=$(LANES) bash scripts/test_matrix.sh "$(MATRIX_PYS)" "$(TORCH_OLDEST) $(TORCH_LATEST)" \
+		SEED=$(SEED) DEBUG=$(DEBUG)
 
 # The suite again under CPython's debug allocator (buffer over/underruns, use after
 # free of Python memory, API misuse without the GIL) and development mode; a warning

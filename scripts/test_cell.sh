@@ -5,7 +5,9 @@
 # with that venv's python.
 # Usage: scripts/test_cell.sh PY TORCH SEED INTERPRETER [PIP_SPEC...]
 #   INTERPRETER: a CPython PY executable; PIP_SPEC: the test tools to install beside torch.
-# Env: TESTS="PATH..." (what pytest runs; default tests); REPROS=PATH/run.sh (default
+# Env: TESTS="PATH..." (what pytest runs; default tests); DEBUG=1 runs the suite under
+# CPython's debug allocator and development mode with fastmodule's own warnings as errors
+# (as `make test-debug`); REPROS=PATH/run.sh (default
 # ../shared/reference/repros/run.sh); CELL_RESULT=FILE appends "cell suite_passed
 # suite_failed repros_passed repros_failed seconds" to FILE (test_matrix.sh reads it).
 # Exits non-zero when anything failed; the last line gives each phase's seconds.
@@ -48,11 +50,22 @@ echo "== cell $cell: release build"
 phase_done build
 set +e
 
-echo "cell $cell seed: $seed (replay: make test-cell PY=$py TORCH=$torch SEED=$seed)"
+debug_env=() debug=() debug_args=()
+replay_debug=
+if [ "${DEBUG:-0}" = 1 ]; then
+  # As `make test-debug`: buffer over/underruns and use after free of Python memory,
+  # API misuse without the GIL; a warning attributed to fastmodule's code is an error.
+  debug_env=(env PYTHONMALLOC=debug) debug=(-X dev)
+  debug_args=(-o "filterwarnings=error:::fastmodule")
+  replay_debug=" DEBUG=1"
+  echo "cell $cell: the suite under the debug allocator and development mode"
+fi
+echo "cell $cell seed: $seed (replay: make test-cell PY=$py TORCH=$torch SEED=$seed$replay_debug)"
 log=$venv/last-suite.log
 # shellcheck disable=SC2086 # TESTS: paths, split at spaces
-(cd "$root" && "$venv/bin/python" -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
-  -p randomly --randomly-seed="$seed" --hypothesis-seed="$seed") 2>&1 | tee "$log"
+(cd "$root" && "${debug_env[@]}" "$venv/bin/python" "${debug[@]}" -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
+  -p randomly --randomly-seed="$seed" --hypothesis-seed="$seed" \
+  "${debug_args[@]}") 2>&1 | tee "$log"
 suite_rc=${PIPESTATUS[0]}
 summary=$(tail -n 1 "$log")
 count() { grep -oE "[0-9]+ $1" <<<"$summary" | grep -oE '^[0-9]+' || echo 0; }
