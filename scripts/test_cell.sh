@@ -78,7 +78,7 @@ phase_done suite
 repros=${REPROS:-$(cd "$root/.." && pwd)/shared/reference/repros/run.sh}
 if [ -f "$repros" ]; then
   rlog=$venv/last-repros.log
-  PYTHON=$venv/bin/python bash "$repros" 2>&1 | tee "$rlog"
+  PYTHON=$venv/bin/python bash "$root/scripts/run_repros.sh" "$repros" 2>&1 | tee "$rlog"
   repros_rc=${PIPESTATUS[0]}
   read -r rpassed rfailed < <(tail -n 1 "$rlog" | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2/p')
   rpassed=${rpassed:-0} rfailed=${rfailed:-1}
