@@ -213,6 +213,12 @@ fn init_layers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyRes
     call::layers::init(py, config)
 }
 
+/// Switch the native dispatch of forward hooks on (see `fastmodule.hook_dispatch`).
+#[pyfunction]
+fn init_hooks(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    torch_api::hook_support::init(py, config)
+}
+
 /// Serve torch's container methods (`config`: qualified name -> function).
 #[pyfunction]
 fn init_containers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
@@ -364,6 +370,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_validity, m)?)?;
     m.add_function(wrap_pyfunction!(is_quiet, m)?)?;
     m.add_function(wrap_pyfunction!(call_handover, m)?)?;
+    m.add_function(wrap_pyfunction!(init_hooks, m)?)?;
     m.add_function(wrap_pyfunction!(locate_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(confirm_tracer_fields, m)?)?;
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;

@@ -5,6 +5,7 @@ frame that calls ``forward``), and the report counts them per class and reason."
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -82,6 +83,33 @@ def _global_hook() -> Iterator[Probe]:
         handle.remove()
 
 
+def _backward_hook() -> Iterator[Probe]:
+    m = Probe()
+    m.register_full_backward_hook(lambda *a: None)
+    yield m
+
+
+def _global_backward_hook() -> Iterator[Probe]:
+    # Registering sets this flag for good; the test puts it back.
+    was = nn.modules.module._global_is_full_backward_hook
+    handle = nn.modules.module.register_module_full_backward_hook(lambda *a: None)
+    try:
+        yield Probe()
+    finally:
+        handle.remove()
+        nn.modules.module._global_is_full_backward_hook = was
+
+
+class Registry(OrderedDict):
+    """A hook registry of a class of its own (its truth value could be anything)."""
+
+
+def _odd_registry() -> Iterator[Probe]:
+    m = Probe()
+    m._forward_hooks = Registry()
+    yield m
+
+
 def _odd_key() -> Iterator[Probe]:
     m = Probe()
     m.__dict__[1] = "not a str key"
@@ -92,9 +120,13 @@ SCENARIOS: dict[str, tuple[Callable[[], Iterator[Probe]], str | None]] = {
     "plain": (_plain, None),
     # Registration and whole-tree methods stay torch's for it; the call is native.
     "bases after nn.Module": (lambda: _one(WithMixin()), None),
-    "forward hook": (_forward_hook, "hooks"),
-    "pre-hook": (_pre_hook, "hooks"),
-    "global hook": (_global_hook, "global module hooks"),
+    # Forward hooks are dispatched natively (fastmodule.hook_dispatch).
+    "forward hook": (_forward_hook, None),
+    "pre-hook": (_pre_hook, None),
+    "global hook": (_global_hook, None),
+    "backward hook": (_backward_hook, "it has backward hooks"),
+    "global backward hook": (_global_backward_hook, "global backward hooks"),
+    "registry not a dict": (_odd_registry, "not a dict or OrderedDict"),
     "non-str key": (_odd_key, "unusual"),
     "own __call__": (lambda: _one(OwnCall()), "own __call__"),
     "own _call_impl": (lambda: _one(OwnCallImpl()), "_call_impl"),
@@ -137,7 +169,7 @@ def test_report_counts_handovers_per_class() -> None:
             super().__init__()
             self.a = nn.Linear(4, 4)
             self.b = nn.Linear(4, 4)
-            self.b.register_forward_hook(lambda *a: None)
+            self.b.register_full_backward_hook(lambda *a: None)
             self.c = nn.Sequential(nn.ReLU(), nn.Linear(4, 2))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,10 +180,10 @@ def test_report_counts_handovers_per_class() -> None:
     assert report.calls.calls == 6 and report.calls.native_calls == 5
     [handover] = report.calls.handovers
     assert (handover.cls, handover.calls, handover.modules) == ("Linear", 1, 1)
-    assert "hooks" in handover.reason
+    assert "backward hooks" in handover.reason
     text = report.format()
     assert "module calls 5 of 6 in one run take fastmodule's native path" in text
-    assert "  Linear     1 module       1 call: it has forward or backward hooks" in text
+    assert "  Linear     1 module       1 call: it has backward hooks" in text
     data = report.to_json()
     assert data["module_calls"] == 6 and data["native_calls"] == 5
     assert data["handovers"] == [

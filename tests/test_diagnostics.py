@@ -54,6 +54,7 @@ def test_diagnostics_rows_are_typed_and_complete() -> None:
     expected = {"interpreter", "tracer check", "quiet dicts", "jit tracing probe"}
     expected |= {"cache validity", "recorded walks", "module call", "attribute read"}
     expected |= {"registration", "layer forwards", "container methods", "conversion closures"}
+    expected |= {"hook dispatch"}
     expected |= {f"nn.Module.{m}" for m in verification.METHOD_PATHS}
     assert set(names) == expected
 
@@ -250,6 +251,7 @@ def test_unknown_torch_code_runs_stock_and_warns_once_naming_it() -> None:
     assert rows["module call"] == [False, True]
     assert rows["nn.Module.state_dict"] == [False, True]
     assert rows["layer forwards"][0] is False
+    assert rows["hook dispatch"] == [False, True]
     assert rows["attribute read"] == [True, False]
     assert rows["nn.Module.named_modules"] == [True, False]
     assert out["doctor"] == DOCTOR_PATH_OFF

@@ -94,6 +94,9 @@ def load_replay(
     """The load from ``module``'s recorded walk when ``state_dict`` holds exactly its
     keys (True: done, copy failures appended to ``errors``); False: nothing done."""
 
+def init_hooks(config: dict[str, object]) -> None:
+    """Switch the native dispatch of forward hooks on (``fastmodule.hook_dispatch``)."""
+
 def init_layers(config: dict[str, object]) -> None:
     """Capture torch's layer functions the call path may run natively."""
 

@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, _dispatch, conversion, inline_routes, layers, verification
+from fastmodule import (
+    _core,
+    _dispatch,
+    conversion,
+    hook_dispatch,
+    inline_routes,
+    layers,
+    verification,
+)
 from fastmodule.module import NATIVE
 from fastmodule.verification import UnverifiedWarning
 
@@ -130,6 +138,21 @@ def _core_rows() -> dict[str, PathStatus]:
     return rows
 
 
+def _hook_row(call_on: bool) -> PathStatus:
+    name = "hook dispatch"
+    if not NATIVE:
+        return PathStatus(name, False, _NO_NATIVE)
+    if hook_dispatch.HOOKS is not None:
+        return PathStatus(name, False, hook_dispatch.HOOKS, unverified=True)
+    if not call_on:
+        return PathStatus(name, False, "the module call path is off")
+    detail = (
+        "forward (pre-)hooks, module and global, run natively; "
+        "with backward hooks torch's _call_impl runs the call"
+    )
+    return PathStatus(name, True, detail)
+
+
 def _layer_rows(call_on: bool) -> list[PathStatus]:
     if not NATIVE:
         names = ("layer forwards", "container methods", "conversion closures")
@@ -206,6 +229,7 @@ def diagnostics() -> list[PathStatus]:
         *_interpreter_rows(),
         *_runtime_rows(),
         *core.values(),
+        _hook_row(core["call"].on is True),
         *_layer_rows(core["call"].on is True),
         *_method_rows(),
     ]

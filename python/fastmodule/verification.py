@@ -40,6 +40,7 @@ __all__ = [
     "CONTAINER_METHODS",
     "CONVERSIONS",
     "CORE_PATHS",
+    "HOOK_FUNCTIONS",
     "LAYER_FUNCTIONS",
     "METHOD_PATHS",
     "SUPPORTED_PYTHON",
@@ -122,6 +123,13 @@ METHOD_PATHS: dict[str, tuple[str, ...]] = {
     for name, deps in _METHOD_DEPS.items()
 }
 
+#: The functions ``_call_impl`` calls on its way to the hooks, which the native
+#: hook dispatch reproduces besides the call path's (``fastmodule.hook_dispatch``).
+HOOK_FUNCTIONS: tuple[str, ...] = (
+    "torch.compiler:is_compiling",
+    "torch._jit_internal:is_scripting",
+)
+
 #: torch's layer code the call path runs without frames (``fastmodule.layers``).
 LAYER_FUNCTIONS: tuple[str, ...] = (
     "torch.nn.modules.linear:Linear.forward",
@@ -151,7 +159,7 @@ CONVERSIONS: tuple[str, ...] = tuple(
 def all_functions() -> list[str]:
     """Every torch function some native path reproduces."""
     groups = [*CORE_PATHS.values(), *METHOD_PATHS.values()]
-    groups += [LAYER_FUNCTIONS, CONTAINER_METHODS, CONVERSIONS]
+    groups += [HOOK_FUNCTIONS, LAYER_FUNCTIONS, CONTAINER_METHODS, CONVERSIONS]
     return sorted({f for group in groups for f in group})
 
 

@@ -10,6 +10,18 @@ VERSIONS: tuple[str, ...] = (
 
 #: sha256 of whole torch source files, by path under site-packages.
 FILES: dict[str, frozenset[str]] = {
+    "torch/_jit_internal.py": frozenset(
+        {
+            "a46566a140815c8778f27498dbeb3a174604bb1d67f378919dcf4b451714cf94",
+            "ebaffcb90a3b4e816fe61acdeea447337a6676e2e95b743bec449980fdc7dd34",
+        }
+    ),
+    "torch/compiler/__init__.py": frozenset(
+        {
+            "1e09ac5de78c28e1d8b663c8e2dd50aa1b2c5bc5123b56220160dd0d7a05b74d",
+            "31bee0c22c0a4a83f3a2579ad294571c62c21348e631ed480432fa04c5b06258",
+        }
+    ),
     "torch/nn/functional.py": frozenset(
         {
             "06f330c5ce12f7a7b5be938fb4fd1b78dadcc4a345c49aac58dbb923b3a3a405",
@@ -44,6 +56,16 @@ FILES: dict[str, frozenset[str]] = {
 
 #: :func:`fastmodule.verification.fingerprint` of each function's source.
 FUNCTIONS: dict[str, frozenset[str]] = {
+    "torch._jit_internal:is_scripting": frozenset(
+        {
+            "2592aca196011a22",
+        }
+    ),
+    "torch.compiler:is_compiling": frozenset(
+        {
+            "9604cae2083a51f0",
+        }
+    ),
     "torch.nn.functional:relu": frozenset(
         {
             "4597381915581504",

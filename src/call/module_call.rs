@@ -3,8 +3,10 @@
 //!
 //! Fast path (no `module.compile()`, not jit-tracing, no PEP 523 evaluator,
 //! all 8 hook dicts empty): call `self.forward` directly, as `_call_impl`
-//! does. Anything else runs torch's own `_wrapped_call_impl`, so hooks,
-//! tracing and compilation behave as stock by construction.
+//! does. With forward (pre-)hooks only, module or global, and the native
+//! hook dispatch on: `crate::call::hooks_dispatch` runs `_call_impl`'s hook
+//! logic. Anything else (backward hooks, tracing, compilation, ...) runs
+//! torch's own `_wrapped_call_impl`, so it behaves as stock by construction.
 //!
 //! Two entry points share it: the `tp_call` slot of fastmodule classes, and
 //! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
@@ -13,13 +15,17 @@
 use crate::cpython::capi;
 use crate::cpython::private_api::custom_eval_frame;
 use crate::cpython::type_cache::type_lookup;
+use crate::cpython::Owned;
 use crate::instance::attributes::{call_with_self, instance_dict, plain_attr, Plain};
-use crate::torch_api::hooks::hook_dict_len;
+use crate::torch_api::hook_support;
+use crate::torch_api::hooks::{global_call_hooks, hook_dict_len, GlobalHooks};
 use crate::torch_api::jit_tracing::is_tracing;
 use crate::torch_api::originals::{globals, Globals};
 
 enum Decision {
     Forward,
+    /// Forward (pre-)hooks only: the native hook dispatch runs the call.
+    Hooks,
     Stock(Why),
     Error,
 }
@@ -36,8 +42,10 @@ pub enum Why {
     FrameEvaluator,
     Tracer,
     JitTracing,
-    ModuleHooks,
-    GlobalHooks,
+    BackwardHooks,
+    GlobalBackwardHooks,
+    UnusualHookRegistry,
+    ForwardHooksOff,
 }
 
 impl Why {
@@ -55,15 +63,18 @@ impl Why {
             Why::FrameEvaluator => "a PEP 523 frame evaluator (torch.compile) is active",
             Why::Tracer => "a trace or profile function is set (debugger, profiler, coverage)",
             Why::JitTracing => "torch.jit.trace is running",
-            Why::ModuleHooks => "it has forward or backward hooks",
-            Why::GlobalHooks => "global module hooks are registered",
+            Why::BackwardHooks => "it has backward hooks",
+            Why::GlobalBackwardHooks => "global backward hooks are registered",
+            Why::UnusualHookRegistry => {
+                "a hook registry (its own or module.py's global one) is not a dict or \
+                 OrderedDict"
+            }
+            Why::ForwardHooksOff => {
+                "it has forward hooks (its own or global ones) and the native hook dispatch \
+                 is off: fastmodule.diagnostics() says why"
+            }
         }
     }
-}
-
-#[inline(always)]
-unsafe fn empty_hooks(h: *mut capi::PyObject, g: &Globals) -> bool {
-    matches!(hook_dict_len(h, g.odict), Some(0))
 }
 
 /// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
@@ -110,8 +121,9 @@ unsafe fn resolve(
 
 /// The checks that read live state on every call: a PEP 523 evaluator, a
 /// trace or profile function (debuggers, profilers and coverage then see
-/// torch's frames), jit tracing, and whether all 8 hook registries are empty
-/// plain dicts.
+/// torch's frames), jit tracing, and what the 8 hook registries hold: all
+/// empty (the fast path), forward (pre-)hooks only in plain dicts (the
+/// native hook dispatch, when it is on), anything else (torch's code).
 #[inline(always)]
 unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
     if custom_eval_frame() {
@@ -125,13 +137,27 @@ unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
         Ok(true) => return Decision::Stock(Why::JitTracing),
         Err(()) => return Decision::Error,
     }
-    if !hooks.iter().all(|&h| empty_hooks(h, g)) {
-        return Decision::Stock(Why::ModuleHooks);
+    // `hooks` is in `_call_impl`'s order: the two backward registries first.
+    let mut forward_hooks = false;
+    for (i, &h) in hooks.iter().enumerate() {
+        match hook_dict_len(h, g.odict) {
+            Some(0) => {}
+            Some(_) if i >= 2 => forward_hooks = true,
+            Some(_) => return Decision::Stock(Why::BackwardHooks),
+            None => return Decision::Stock(Why::UnusualHookRegistry),
+        }
     }
-    match crate::torch_api::hooks::global_call_hooks_empty(g) {
-        Ok(true) => Decision::Forward,
-        Ok(false) => Decision::Stock(Why::GlobalHooks),
-        Err(()) => Decision::Error,
+    match global_call_hooks(g) {
+        Ok(GlobalHooks::None) => {}
+        Ok(GlobalHooks::Forward) => forward_hooks = true,
+        Ok(GlobalHooks::Backward) => return Decision::Stock(Why::GlobalBackwardHooks),
+        Ok(GlobalHooks::Unusual) => return Decision::Stock(Why::UnusualHookRegistry),
+        Err(()) => return Decision::Error,
+    }
+    match (forward_hooks, hook_support::get().is_some()) {
+        (false, _) => Decision::Forward,
+        (true, true) => Decision::Hooks,
+        (true, false) => Decision::Stock(Why::ForwardHooksOff),
     }
 }
 
@@ -173,6 +199,43 @@ impl Args {
         }
     }
 
+    /// The positional arguments as a tuple and the keyword arguments as a
+    /// fresh dict, as `_call_impl(self, *args, **kwargs)` receives them.
+    unsafe fn tuple_and_dict(self) -> Result<(Owned, Owned), ()> {
+        let new = |p| Owned::from_owned_ptr(p).ok_or(());
+        match self {
+            Args::Tuple(a, k) => {
+                let kwargs = if k.is_null() {
+                    capi::PyDict_New()
+                } else {
+                    capi::PyDict_Copy(k)
+                };
+                Ok((borrowed(a), new(kwargs)?))
+            }
+            Args::Vector(v, n, kw) => {
+                let t = new(capi::PyTuple_New((n - 1) as capi::Py_ssize_t))?;
+                for i in 1..n {
+                    let x = *v.add(i);
+                    capi::Py_INCREF(x);
+                    capi::PyTuple_SET_ITEM(t.as_ptr(), (i - 1) as capi::Py_ssize_t, x);
+                }
+                let d = new(capi::PyDict_New())?;
+                let nkw = if kw.is_null() {
+                    0
+                } else {
+                    capi::PyTuple_GET_SIZE(kw) as usize
+                };
+                for j in 0..nkw {
+                    let key = capi::PyTuple_GET_ITEM(kw, j as capi::Py_ssize_t);
+                    if capi::PyDict_SetItem(d.as_ptr(), key, *v.add(n + j)) < 0 {
+                        return Err(());
+                    }
+                }
+                Ok((t, d))
+            }
+        }
+    }
+
     /// `func(*args, **kwargs)`.
     unsafe fn call(self, func: *mut capi::PyObject) -> *mut capi::PyObject {
         match self {
@@ -181,6 +244,44 @@ impl Args {
             Args::Vector(v, n, kw) => capi::PyObject_Vectorcall(func, v.add(1), n - 1, kw),
         }
     }
+}
+
+/// Where `self.forward` comes from, found as `object.__getattribute__`
+/// would find it (borrowed; `resolve` found the instance dict quiet, so the
+/// lookups run no code and the class attribute stays valid across them).
+enum Found {
+    /// The instance `__dict__`'s `forward`.
+    Instance(*mut capi::PyObject),
+    /// The class's Python function `forward`.
+    ClassFunction(*mut capi::PyObject),
+    /// Anything else: only `getattr(self, "forward")` can tell.
+    Generic,
+}
+
+unsafe fn find_forward(
+    g: &Globals,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+) -> Result<Found, ()> {
+    let name = g.names.forward;
+    let descr = type_lookup(tp, name);
+    let data_descr = !descr.is_null()
+        && crate::cpython::types::descr_slots(capi::Py_TYPE(descr))
+            .1
+            .is_some();
+    if !data_descr {
+        let inst = capi::PyDict_GetItemWithError(dict, name);
+        if !inst.is_null() {
+            return Ok(Found::Instance(inst));
+        }
+        if !capi::PyErr_Occurred().is_null() {
+            return Err(());
+        }
+        if !descr.is_null() && capi::PyFunction_Check(descr) != 0 {
+            return Ok(Found::ClassFunction(descr));
+        }
+    }
+    Ok(Found::Generic)
 }
 
 /// `self.forward(*args, **kwargs)` with `self.forward` resolved as
@@ -193,37 +294,121 @@ unsafe fn call_forward(
     args: Args,
     hooks: &Hooks,
 ) -> *mut capi::PyObject {
-    let name = g.names.forward;
-    // `resolve` found the instance dict quiet: the lookup below runs no code,
-    // so the borrowed class attribute `descr` stays valid across it.
-    let descr = type_lookup(tp, name);
-    let data_descr = !descr.is_null()
-        && crate::cpython::types::descr_slots(capi::Py_TYPE(descr))
-            .1
-            .is_some();
-    if !data_descr {
-        let inst = capi::PyDict_GetItemWithError(dict, name);
-        if !inst.is_null() {
+    let f = match find_forward(g, tp, dict) {
+        Ok(Found::Instance(inst)) => {
             capi::Py_INCREF(inst);
             let r = args.call(inst);
             capi::Py_DECREF(inst);
             return r;
         }
-        if !capi::PyErr_Occurred().is_null() {
-            return std::ptr::null_mut();
-        }
-        if !descr.is_null() && capi::PyFunction_Check(descr) != 0 {
+        Ok(Found::ClassFunction(descr)) => {
             let entry = crate::call::call_cache::store(tp, dict, *hooks, descr);
             return call_function(descr, slf, args, entry);
         }
-    }
-    let f = capi::PyObject_GetAttr(slf, name);
+        Ok(Found::Generic) => capi::PyObject_GetAttr(slf, g.names.forward),
+        Err(()) => return std::ptr::null_mut(),
+    };
     if f.is_null() {
         return f;
     }
     let r = args.call(f);
     capi::Py_DECREF(f);
     r
+}
+
+/// `forward_call` of `_call_impl`: `self.forward`, read once before any
+/// hook runs (a class function is kept unbound and called with `self`).
+pub enum ForwardCall {
+    Function(Owned),
+    Object(Owned),
+}
+
+impl ForwardCall {
+    /// `forward_call(*args, **kwargs)`: an exact tuple and dict directly
+    /// (torch's layers without their frames, as the fast path); anything a
+    /// hook put in their place through the star-call itself.
+    pub unsafe fn call(
+        &self,
+        s: &hook_support::HookSupport,
+        slf: *mut capi::PyObject,
+        args: &Owned,
+        kwargs: &Owned,
+    ) -> Result<Owned, ()> {
+        let (a, k) = (args.as_ptr(), kwargs.as_ptr());
+        let plain = capi::PyTuple_CheckExact(a) != 0 && capi::PyDict_CheckExact(k) != 0;
+        let r = match self {
+            ForwardCall::Function(f) if plain => {
+                let k = if capi::PyDict_Size(k) == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    k
+                };
+                call_function(f.as_ptr(), slf, Args::Tuple(a, k), std::ptr::null_mut())
+            }
+            ForwardCall::Object(o) if plain => capi::PyObject_Call(o.as_ptr(), a, k),
+            ForwardCall::Function(f) => {
+                let Some(get) = crate::cpython::types::descr_slots(capi::Py_TYPE(f.as_ptr())).0
+                else {
+                    return Err(());
+                };
+                let bound = Owned::from_owned_ptr(get(f.as_ptr(), slf, capi::Py_TYPE(slf).cast()))
+                    .ok_or(())?;
+                star_call(s, &bound, a, k)
+            }
+            ForwardCall::Object(o) => star_call(s, o, a, k),
+        };
+        Owned::from_owned_ptr(r).ok_or(())
+    }
+}
+
+unsafe fn star_call(
+    s: &hook_support::HookSupport,
+    f: &Owned,
+    a: *mut capi::PyObject,
+    k: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let v = [f.as_ptr(), a, k];
+    capi::PyObject_Vectorcall(s.star_call, v.as_ptr(), 3, std::ptr::null_mut())
+}
+
+/// A call with forward (pre-)hooks: `forward_call` read, the arguments as
+/// `_call_impl` holds them (a tuple and a fresh kwargs dict), then
+/// `crate::call::hooks_dispatch`. The call cache remembers the instance as
+/// the fast path does (the hooks' contents are read live on every call).
+unsafe fn call_hooked(
+    g: &Globals,
+    slf: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    args: Args,
+    hooks: &Hooks,
+) -> *mut capi::PyObject {
+    let Some(s) = hook_support::get() else {
+        return args.call_with_self(g.orig.call, slf);
+    };
+    let forward = match find_forward(g, tp, dict) {
+        Ok(Found::Instance(inst)) => ForwardCall::Object(borrowed(inst)),
+        Ok(Found::ClassFunction(f)) => {
+            crate::call::call_cache::store(tp, dict, *hooks, f);
+            ForwardCall::Function(borrowed(f))
+        }
+        Ok(Found::Generic) => {
+            match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
+                Some(f) => ForwardCall::Object(f),
+                None => return std::ptr::null_mut(),
+            }
+        }
+        Err(()) => return std::ptr::null_mut(),
+    };
+    let Ok((a, k)) = args.tuple_and_dict() else {
+        return std::ptr::null_mut();
+    };
+    crate::call::hooks_dispatch::call(s, slf, forward, a, k)
+}
+
+#[inline(always)]
+unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
+    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
 }
 
 /// `func(self, *args)` for a class-level Python function `forward`;
@@ -262,6 +447,7 @@ unsafe fn fast_call(
         let (hooks, forward) = ((*e).hooks, (*e).forward);
         return match live(g, &hooks) {
             Decision::Forward => Some(call_function(forward, slf, args, e)),
+            Decision::Hooks => Some(call_hooked(g, slf, tp, dict, args, &hooks)),
             Decision::Stock(_) => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
@@ -269,6 +455,7 @@ unsafe fn fast_call(
     let decision = match resolve(g, tp, dict) {
         Ok(hooks) => match live(g, &hooks) {
             Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
+            Decision::Hooks => return Some(call_hooked(g, slf, tp, dict, args, &hooks)),
             other => other,
         },
         Err(other) => other,
@@ -290,7 +477,7 @@ pub unsafe fn handover_reason(g: &Globals, slf: *mut capi::PyObject) -> Result<O
         Err(other) => other,
     };
     match decision {
-        Decision::Forward => Ok(None),
+        Decision::Forward | Decision::Hooks => Ok(None),
         Decision::Stock(why) => Ok(Some(why)),
         Decision::Error => Err(()),
     }

@@ -14,12 +14,14 @@ pub use pyo3::ffi::{
 };
 
 /// Type objects (addresses compared with `Py_TYPE`).
-pub use pyo3::ffi::{PyBaseObject_Type, PyDict_Type, PyGetSetDescr_Type, PyMethodDescr_Type};
+pub use pyo3::ffi::{
+    PyBaseObject_Type, PyDict_Type, PyGetSetDescr_Type, PyMethodDescr_Type, PyTuple_Type,
+};
 
 /// Exception types.
 pub use pyo3::ffi::{
     PyExc_AttributeError, PyExc_KeyError, PyExc_NameError, PyExc_RuntimeError, PyExc_TypeError,
-    PyExc_ValueError,
+    PyExc_UserWarning, PyExc_ValueError,
 };
 
 /// Functions and macros of the public C API.
@@ -45,3 +47,10 @@ pub use pyo3::ffi::{
 /// pyo3's shims of functions newer CPythons declare (`PyObject_GetOptionalAttr`
 /// is 3.13's; older versions get pyo3's equivalent).
 pub use pyo3::ffi::compat::PyObject_GetOptionalAttr;
+
+/// Used by the native dispatch of forward hooks.
+pub use pyo3::ffi::{
+    PyBool_Check, PyDict_Copy, PyDict_New, PyErr_WarnExplicitObject, PyFunction_GetCode,
+    PyLong_CheckExact, PyModule_CheckExact, PyObject_Size, PyObject_Str, PySet_Add, PySet_New,
+    PyTuple_CheckExact, PyUnicode_FromFormat,
+};

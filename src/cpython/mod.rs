@@ -24,13 +24,18 @@
 //!   hand anything else to torch's own code.
 //! - [`str_keys`]: a dict whose keys are all exact `str`, by reading them
 //!   (any key-table kind; `OrderedDict` too).
+//! - [`exceptions`]: the exception being raised and the one being handled
+//!   (3.11's triple or 3.12's single object), as `try`/`except` sees them.
+//! - [`load_global`]: a global name as a function's code reads it.
 //! - [`tracer`]: is a trace or profile function set on this thread?
 //! - [`stack`]: how much of this thread's native stack is left?
 //! - [`validity`]: is what a cache remembered about a dict or a class still
 //!   true? (dict and class versions; dict watchers from 3.12 on.)
 pub mod capi;
 pub mod dicts;
+pub mod exceptions;
 pub mod gc;
+pub mod load_global;
 pub mod owned;
 pub mod private_api;
 pub mod quiet;

@@ -26,6 +26,14 @@ impl Owned {
         NonNull::new(p).map(Owned)
     }
 
+    /// Give the reference to the caller (a result returned to Python).
+    #[inline(always)]
+    pub fn into_ptr(self) -> *mut ffi::PyObject {
+        let p = self.0.as_ptr();
+        std::mem::forget(self);
+        p
+    }
+
     /// The object, borrowed from this reference.
     #[inline(always)]
     pub fn as_ptr(&self) -> *mut ffi::PyObject {

@@ -4,7 +4,8 @@
 //! call. We do the same, but skip the four dict lookups while the module's
 //! globals dict is unchanged (its version tag moves on any insertion,
 //! deletion or rebinding). The dicts' contents are always read live.
-use crate::cpython::capi;
+use crate::cpython::{capi, Owned};
+use crate::torch_api::hook_support::HookSupport;
 use crate::torch_api::originals::Globals;
 use std::cell::Cell;
 
@@ -23,23 +24,39 @@ static CACHE: Cache = Cache {
 
 use crate::cpython::validity::dict_version as version;
 
-/// Ok(true) when all four global call-hook dicts are empty dicts/OrderedDicts.
-/// Ok(false) means torch's code must decide (hooks, or something unusual).
+/// What the four global call-hook dicts hold, as the module call needs to
+/// know it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum GlobalHooks {
+    /// All four are empty dicts/OrderedDicts.
+    None,
+    /// Forward (pre-)hooks only: the native hook dispatch can run them.
+    Forward,
+    /// Backward hooks (perhaps forward ones too): torch's code runs the call.
+    Backward,
+    /// A registry missing or not a dict/OrderedDict, or module.py's globals
+    /// not plain: torch's code must decide.
+    Unusual,
+}
+
+/// The state of the global call hooks (`_global_backward_pre_hooks`,
+/// `_global_backward_hooks`, `_global_forward_hooks`,
+/// `_global_forward_pre_hooks`), read live.
 #[inline(always)]
-pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
+pub unsafe fn global_call_hooks(g: &Globals) -> Result<GlobalHooks, ()> {
     let v = version(g.module_globals);
     if v == 0 || v != CACHE.version.get() {
         // A non-str key in the module's globals could run code during the
         // lookups below: torch's code reads them then.
         if !crate::cpython::quiet::dict(g.module_globals) {
-            return Ok(false);
+            return Ok(GlobalHooks::Unusual);
         }
         let mut dicts = [std::ptr::null_mut(); 4];
         for (slot, &name) in dicts.iter_mut().zip(g.names.global_hooks.iter()) {
             let h = capi::PyDict_GetItemWithError(g.module_globals, name);
             if h.is_null() {
                 return if capi::PyErr_Occurred().is_null() {
-                    Ok(false)
+                    Ok(GlobalHooks::Unusual)
                 } else {
                     Err(())
                 };
@@ -51,12 +68,108 @@ pub unsafe fn global_call_hooks_empty(g: &Globals) -> Result<bool, ()> {
         CACHE.dicts.set(dicts);
         CACHE.version.set(v);
     }
-    for h in CACHE.dicts.get() {
-        if !matches!(hook_dict_len(h, g.odict), Some(0)) {
-            return Ok(false);
+    let mut lens = [0isize; 4];
+    for (len, h) in lens.iter_mut().zip(CACHE.dicts.get()) {
+        match hook_dict_len(h, g.odict) {
+            Some(n) => *len = n,
+            None => return Ok(GlobalHooks::Unusual),
         }
     }
-    Ok(true)
+    Ok(match lens {
+        [0, 0, 0, 0] => GlobalHooks::None,
+        [0, 0, _, _] => GlobalHooks::Forward,
+        _ => GlobalHooks::Backward,
+    })
+}
+
+/// A hook registry's `(hook_id, hook)` pairs in iteration order, as
+/// `(*registry.items(),)` takes them: a snapshot that later additions or
+/// removals do not change. An exact dict is read entry by entry and an exact
+/// `OrderedDict` in its own order (keys from its iterator, values from its
+/// table, as its `items()` pairs them), neither running code while every key
+/// is an int or a str; anything else goes through `items()` itself.
+pub unsafe fn snapshot_items(
+    d: *mut capi::PyObject,
+    s: &HookSupport,
+) -> Result<Vec<(Owned, Owned)>, ()> {
+    let t = capi::Py_TYPE(d);
+    if t == std::ptr::addr_of_mut!(capi::PyDict_Type) {
+        let mut out = Vec::with_capacity(crate::cpython::dicts::used(d) as usize);
+        let (mut pos, mut k, mut v) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        while capi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
+            out.push((borrowed(k), borrowed(v)));
+        }
+        return Ok(out);
+    }
+    if t == s.odict {
+        if let Some(out) = odict_items(d)? {
+            return Ok(out);
+        }
+    }
+    let items = Owned::from_owned_ptr(capi::PyObject_CallMethodObjArgs(
+        d,
+        s.names.items,
+        std::ptr::null_mut::<capi::PyObject>(),
+    ))
+    .ok_or(())?;
+    let it = Owned::from_owned_ptr(capi::PyObject_GetIter(items.as_ptr())).ok_or(())?;
+    let mut out = Vec::new();
+    while let Some(pair) = Owned::from_owned_ptr(capi::PyIter_Next(it.as_ptr())) {
+        out.push(unpack_pair(pair.as_ptr(), s)?);
+    }
+    if capi::PyErr_Occurred().is_null() {
+        Ok(out)
+    } else {
+        Err(())
+    }
+}
+
+/// An exact `OrderedDict`'s pairs; None when a key is neither an exact int
+/// nor an exact str (its comparisons could run code: the caller asks
+/// `items()`).
+unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Vec<(Owned, Owned)>>, ()> {
+    let it = Owned::from_owned_ptr(capi::PyObject_GetIter(d)).ok_or(())?;
+    let mut out = Vec::with_capacity(crate::cpython::dicts::used(d) as usize);
+    while let Some(k) = Owned::from_owned_ptr(capi::PyIter_Next(it.as_ptr())) {
+        if capi::PyLong_CheckExact(k.as_ptr()) == 0 && capi::PyUnicode_CheckExact(k.as_ptr()) == 0 {
+            return Ok(None);
+        }
+        let v = capi::PyDict_GetItemWithError(d, k.as_ptr());
+        if v.is_null() {
+            return if capi::PyErr_Occurred().is_null() {
+                Ok(None)
+            } else {
+                Err(())
+            };
+        }
+        out.push((k, borrowed(v)));
+    }
+    if capi::PyErr_Occurred().is_null() {
+        Ok(Some(out))
+    } else {
+        Err(())
+    }
+}
+
+/// `a, b = pair` for an exact 2-tuple; anything else as the unpacking
+/// statement does it (`fastmodule.hook_dispatch.unpack_pair`).
+pub unsafe fn unpack_pair(
+    pair: *mut capi::PyObject,
+    s: &HookSupport,
+) -> Result<(Owned, Owned), ()> {
+    if capi::PyTuple_CheckExact(pair) != 0 && capi::PyTuple_GET_SIZE(pair) == 2 {
+        return Ok((
+            borrowed(capi::PyTuple_GET_ITEM(pair, 0)),
+            borrowed(capi::PyTuple_GET_ITEM(pair, 1)),
+        ));
+    }
+    s.unpack_pair_generic(pair)
+}
+
+#[inline(always)]
+unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
+    // SAFETY (caller): p is a live object from a container being read.
+    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
 }
 
 /// A hook registry whose truth value is its length: `dict` or `OrderedDict`.

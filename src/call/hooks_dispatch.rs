@@ -1,0 +1,399 @@
+//! A module call with forward hooks, step by step as torch's `_call_impl`
+//! runs it, without its frames: global then per-module forward pre-hooks
+//! (`with_kwargs` ones get and may replace `kwargs`), `forward`, global then
+//! per-module forward hooks, and on an exception the `always_call` forward
+//! hooks that did not run yet, then the exception again.
+//!
+//! The module call decides to come here only when no backward hook (module
+//! or global) is registered and every registry is a plain dict or
+//! `OrderedDict`; everything else runs torch's code. From then on every read
+//! is the one `_call_impl` makes, when it makes it: the registries and their
+//! `with_kwargs`/`always_call` sets are read live, the hook lists are
+//! snapshots taken where torch builds its tuples (a hook added during the
+//! pre-hooks is not run in this call; one added before the forward hooks
+//! start is), and `forward` is the one read before any hook ran.
+use crate::call::module_call::ForwardCall;
+use crate::cpython::exceptions;
+use crate::cpython::{capi, Owned};
+use crate::instance::attributes::{instance_dict, plain_attr, Plain};
+use crate::torch_api::hook_support::HookSupport;
+use crate::torch_api::hooks::{snapshot_items, unpack_pair};
+
+type R<T> = Result<T, ()>;
+
+/// `_call_impl`'s locals that its `except` block reads.
+struct State {
+    args: Owned,
+    kwargs: Owned,
+    /// None: `result` is still Python's None.
+    result: Option<Owned>,
+    /// `called_always_called_hooks`, made when the first id is added.
+    called: Option<Owned>,
+}
+
+#[inline(always)]
+unsafe fn own(p: *mut capi::PyObject) -> R<Owned> {
+    Owned::from_owned_ptr(p).ok_or(())
+}
+
+#[inline(always)]
+unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
+    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
+}
+
+/// `self.<name>`: from the instance dict when that is exactly what
+/// `object.__getattribute__` finds, else through the object's own lookup.
+unsafe fn self_attr(slf: *mut capi::PyObject, name: *mut capi::PyObject) -> R<Owned> {
+    match plain_attr(capi::Py_TYPE(slf), instance_dict(slf), name) {
+        Plain::Found(v) => Ok(borrowed(v)),
+        Plain::Error => Err(()),
+        Plain::Unusual => own(capi::PyObject_GetAttr(slf, name)),
+    }
+}
+
+#[inline(always)]
+unsafe fn truthy(o: &Owned) -> R<bool> {
+    match capi::PyObject_IsTrue(o.as_ptr()) {
+        -1 => Err(()),
+        t => Ok(t == 1),
+    }
+}
+
+/// `key in container`.
+#[inline(always)]
+unsafe fn contains(container: &Owned, key: &Owned) -> R<bool> {
+    match capi::PySequence_Contains(container.as_ptr(), key.as_ptr()) {
+        -1 => Err(()),
+        t => Ok(t == 1),
+    }
+}
+
+/// `isinstance(obj, tuple)`.
+#[inline(always)]
+unsafe fn is_tuple(obj: *mut capi::PyObject) -> R<bool> {
+    if capi::PyTuple_Check(obj) != 0 {
+        return Ok(true);
+    }
+    match capi::PyObject_IsInstance(obj, std::ptr::addr_of_mut!(capi::PyTuple_Type).cast()) {
+        -1 => Err(()),
+        t => Ok(t == 1),
+    }
+}
+
+/// `hook(*args)`; None for Python's None.
+#[inline(always)]
+unsafe fn call_hook(hook: &Owned, args: &[*mut capi::PyObject]) -> R<Option<Owned>> {
+    let r = own(capi::PyObject_Vectorcall(
+        hook.as_ptr(),
+        args.as_ptr(),
+        args.len(),
+        std::ptr::null_mut(),
+    ))?;
+    Ok((r.as_ptr() != capi::Py_None()).then_some(r))
+}
+
+/// `(*a.items(), *b.items())`.
+unsafe fn both_snapshots(s: &HookSupport, a: &Owned, b: &Owned) -> R<Vec<(Owned, Owned)>> {
+    let mut out = snapshot_items(a.as_ptr(), s)?;
+    out.extend(snapshot_items(b.as_ptr(), s)?);
+    Ok(out)
+}
+
+/// Run the call. `args` is the call's positional tuple, `kwargs` a fresh
+/// dict of its keyword arguments (the ones hooks see and may change).
+pub unsafe fn call(
+    s: &HookSupport,
+    slf: *mut capi::PyObject,
+    forward: ForwardCall,
+    args: Owned,
+    kwargs: Owned,
+) -> *mut capi::PyObject {
+    let compiling = match s.compiling.now() {
+        Ok(c) => c,
+        Err(()) => return std::ptr::null_mut(),
+    };
+    let mut st = State {
+        args,
+        kwargs,
+        result: None,
+        called: None,
+    };
+    match inner(s, slf, &forward, &mut st) {
+        Ok(r) => return r.into_ptr(),
+        Err(()) if compiling => return std::ptr::null_mut(),
+        Err(()) => {}
+    }
+    let Some(exc) = exceptions::take_raised() else {
+        return std::ptr::null_mut();
+    };
+    if !exceptions::is_exception(&exc) {
+        exceptions::reraise(exc);
+        return std::ptr::null_mut();
+    }
+    if exceptions::while_handling(&exc, || always_called(s, slf, &mut st)).is_ok() {
+        exceptions::reraise(exc);
+    }
+    std::ptr::null_mut()
+}
+
+/// `inner()`.
+unsafe fn inner(
+    s: &HookSupport,
+    slf: *mut capi::PyObject,
+    forward: &ForwardCall,
+    st: &mut State,
+) -> R<Owned> {
+    let n = &s.names;
+    let global_pre = s.global(n.global_forward_pre_hooks)?;
+    let mut pre = None;
+    let run_pre = truthy(&global_pre)? || {
+        let p = self_attr(slf, n.forward_pre_hooks)?;
+        let t = truthy(&p)?;
+        pre = Some(p);
+        t
+    };
+    if run_pre {
+        let pre = match pre {
+            Some(p) => p,
+            None => self_attr(slf, n.forward_pre_hooks)?,
+        };
+        for (id, hook) in both_snapshots(s, &global_pre, &pre)? {
+            pre_hook(s, slf, st, &id, &hook)?;
+        }
+    }
+
+    let result = forward.call(s, slf, &st.args, &st.kwargs)?;
+    st.result = Some(result);
+
+    let global_post = s.global(n.global_forward_hooks)?;
+    let mut post = None;
+    let run_post = truthy(&global_post)? || {
+        let p = self_attr(slf, n.forward_hooks)?;
+        let t = truthy(&p)?;
+        post = Some(p);
+        t
+    };
+    if run_post {
+        let post = match post {
+            Some(p) => p,
+            None => self_attr(slf, n.forward_hooks)?,
+        };
+        for (id, hook) in both_snapshots(s, &global_post, &post)? {
+            post_hook(s, slf, st, &id, &hook)?;
+        }
+    }
+    Ok(st
+        .result
+        .take()
+        .unwrap_or_else(|| borrowed(capi::Py_None())))
+}
+
+/// One forward pre-hook of `inner()`'s loop.
+unsafe fn pre_hook(
+    s: &HookSupport,
+    slf: *mut capi::PyObject,
+    st: &mut State,
+    id: &Owned,
+    hook: &Owned,
+) -> R<()> {
+    let with_kwargs = self_attr(slf, s.names.forward_pre_hooks_with_kwargs)?;
+    if contains(&with_kwargs, id)? {
+        drop(with_kwargs);
+        let r = call_hook(hook, &[slf, st.args.as_ptr(), st.kwargs.as_ptr()])?;
+        let Some(r) = r else { return Ok(()) };
+        if is_tuple(r.as_ptr())? && capi::PyObject_Size(r.as_ptr()) == 2 {
+            let (a, k) = unpack_pair(r.as_ptr(), s)?;
+            st.args = a;
+            st.kwargs = k;
+            return Ok(());
+        }
+        if capi::PyErr_Occurred().is_null() {
+            bad_pre_hook_return(&r);
+        }
+        return Err(());
+    }
+    drop(with_kwargs);
+    let Some(r) = call_hook(hook, &[slf, st.args.as_ptr()])? else {
+        return Ok(());
+    };
+    st.args = if is_tuple(r.as_ptr())? {
+        r
+    } else {
+        own(capi::PyTuple_Pack(1, r.as_ptr()))?
+    };
+    Ok(())
+}
+
+/// torch's RuntimeError for a `with_kwargs` pre-hook's result that is
+/// neither None nor a pair (set as the current exception).
+unsafe fn bad_pre_hook_return(r: &Owned) {
+    let Ok(text) = own(capi::PyObject_Format(r.as_ptr(), std::ptr::null_mut())) else {
+        return;
+    };
+    let Ok(message) = own(capi::PyUnicode_FromFormat(
+        c"forward pre-hook must return None or a tuple of (new_args, new_kwargs), but got %U."
+            .as_ptr(),
+        text.as_ptr(),
+    )) else {
+        return;
+    };
+    capi::PyErr_SetObject(capi::PyExc_RuntimeError, message.as_ptr());
+}
+
+#[inline(always)]
+unsafe fn result_ptr(st: &State) -> *mut capi::PyObject {
+    st.result.as_ref().map_or(capi::Py_None(), Owned::as_ptr)
+}
+
+/// `called_always_called_hooks.add(hook_id)`.
+unsafe fn mark_called(st: &mut State, id: &Owned) -> R<()> {
+    if st.called.is_none() {
+        st.called = Some(own(capi::PySet_New(std::ptr::null_mut()))?);
+    }
+    let set = st
+        .called
+        .as_ref()
+        .map_or(std::ptr::null_mut(), Owned::as_ptr);
+    if capi::PySet_Add(set, id.as_ptr()) < 0 {
+        return Err(());
+    }
+    Ok(())
+}
+
+/// One forward hook of `inner()`'s loop.
+unsafe fn post_hook(
+    s: &HookSupport,
+    slf: *mut capi::PyObject,
+    st: &mut State,
+    id: &Owned,
+    hook: &Owned,
+) -> R<()> {
+    let n = &s.names;
+    let always = contains(&self_attr(slf, n.forward_hooks_always_called)?, id)?
+        || contains(&s.global(n.global_forward_hooks_always_called)?, id)?;
+    if always {
+        mark_called(st, id)?;
+    }
+    let with_kwargs = contains(&self_attr(slf, n.forward_hooks_with_kwargs)?, id)?
+        || contains(&s.global(n.global_forward_hooks_with_kwargs)?, id)?;
+    let r = if with_kwargs {
+        call_hook(
+            hook,
+            &[slf, st.args.as_ptr(), st.kwargs.as_ptr(), result_ptr(st)],
+        )?
+    } else {
+        call_hook(hook, &[slf, st.args.as_ptr(), result_ptr(st)])?
+    };
+    if r.is_some() {
+        st.result = r;
+    }
+    Ok(())
+}
+
+/// `hook_id not in called_always_called_hooks`.
+unsafe fn not_called(st: &State, id: &Owned) -> R<bool> {
+    match &st.called {
+        None => Ok(true),
+        Some(set) => contains(set, id).map(|c| !c),
+    }
+}
+
+/// The `except Exception:` block: the `always_call` hooks not run yet, global
+/// ones then the module's, each iterated live (`.items()`, as torch does
+/// there). A hook's own exception becomes a warning; Err(()) when something
+/// else raised (that exception then replaces the original).
+unsafe fn always_called(s: &HookSupport, slf: *mut capi::PyObject, st: &mut State) -> R<()> {
+    let n = &s.names;
+    let global = s.global(n.global_forward_hooks)?;
+    for_each_item(s, &global, |id, hook| {
+        let run =
+            contains(&s.global(n.global_forward_hooks_always_called)?, id)? && not_called(st, id)?;
+        if run {
+            let r = call_hook(hook, &[slf, st.args.as_ptr(), result_ptr(st)]);
+            settle(s, st, r, c"global module forward hook")?;
+        }
+        Ok(())
+    })?;
+    let module = self_attr(slf, n.forward_hooks)?;
+    for_each_item(s, &module, |id, hook| {
+        let run =
+            contains(&self_attr(slf, n.forward_hooks_always_called)?, id)? && not_called(st, id)?;
+        if run {
+            let with_kwargs = contains(&self_attr(slf, n.forward_hooks_with_kwargs)?, id);
+            let r = with_kwargs.and_then(|k| {
+                if k {
+                    call_hook(
+                        hook,
+                        &[slf, st.args.as_ptr(), st.kwargs.as_ptr(), result_ptr(st)],
+                    )
+                } else {
+                    call_hook(hook, &[slf, st.args.as_ptr(), result_ptr(st)])
+                }
+            });
+            settle(s, st, r, c"module forward hook")?;
+        }
+        Ok(())
+    })
+}
+
+/// `for hook_id, hook in registry.items(): body(...)`.
+unsafe fn for_each_item(
+    s: &HookSupport,
+    registry: &Owned,
+    mut body: impl FnMut(&Owned, &Owned) -> R<()>,
+) -> R<()> {
+    let items = own(capi::PyObject_CallMethodObjArgs(
+        registry.as_ptr(),
+        s.names.items,
+        std::ptr::null_mut::<capi::PyObject>(),
+    ))?;
+    let it = own(capi::PyObject_GetIter(items.as_ptr()))?;
+    while let Some(pair) = Owned::from_owned_ptr(capi::PyIter_Next(it.as_ptr())) {
+        let (id, hook) = unpack_pair(pair.as_ptr(), s)?;
+        body(&id, &hook)?;
+    }
+    if capi::PyErr_Occurred().is_null() {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// After an `always_call` hook in the `except` block: its result replaces
+/// `result` unless None; its `Exception` becomes torch's warning
+/// (`try: ... except Exception as e: warnings.warn(...)`), anything else
+/// propagates.
+unsafe fn settle(
+    s: &HookSupport,
+    st: &mut State,
+    r: R<Option<Owned>>,
+    which: &std::ffi::CStr,
+) -> R<()> {
+    match r {
+        Ok(Some(v)) => {
+            st.result = Some(v);
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(()) => {
+            let Some(e) = exceptions::take_raised() else {
+                return Err(());
+            };
+            if !exceptions::is_exception(&e) {
+                exceptions::reraise(e);
+                return Err(());
+            }
+            exceptions::while_handling(&e, || {
+                let text = own(capi::PyObject_Str(e.as_ptr()))?;
+                let message = own(capi::PyUnicode_FromFormat(
+                    c"%s with ``always_call=True`` raised an exception that was silenced as \
+                      another error was raised in forward: %U"
+                        .as_ptr(),
+                    which.as_ptr(),
+                    text.as_ptr(),
+                ))?;
+                s.warn(message.as_ptr())
+            })
+        }
+    }
+}
