@@ -722,9 +722,10 @@ CASES: tuple[Case, ...] = (
 
 
 def _all_cases() -> tuple[Case, ...]:
+    from fastmodule.bench.hook_cases import HOOK_CASES
     from fastmodule.bench.models import MODEL_CASES
 
-    return CASES + MODEL_CASES
+    return CASES + HOOK_CASES + MODEL_CASES
 
 
 def case_names() -> list[str]:
