@@ -510,3 +510,22 @@ def test_refcounts_flat_over_hooked_calls() -> None:
     log.clear()
     after = [sys.getrefcount(o) for o in (m, pre, post, fails)]
     assert after == before
+
+
+def test_class_changed_by_a_hook_reads_the_new_class() -> None:
+    def sc(b: type[nn.Module], log: list[Any]) -> Any:
+        m = make(b, log)
+
+        class Other(type(m)):  # type: ignore[misc]
+            @property
+            def _forward_hooks(self) -> Any:
+                return OrderedDict({1: lambda *a: log.append("the new class's registry")})
+
+        def switch(mod: nn.Module, a: Any) -> None:
+            mod.__class__ = Other
+
+        m.register_forward_pre_hook(switch)
+        m.register_forward_hook(lambda *a: log.append("the old registry"))
+        return m(1)
+
+    assert_same(sc)

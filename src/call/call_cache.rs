@@ -15,9 +15,11 @@ use std::cell::UnsafeCell;
 #[derive(Clone, Copy)]
 pub struct Entry {
     key: Key,
-    /// The 4 per-module hook dicts, in `_call_impl`'s order.
-    pub hooks: [*mut capi::PyObject; 4],
-    /// The class's Python function `forward`.
+    /// The 4 per-module hook dicts, in `_call_impl`'s order, then the 3 hook-id
+    /// sets (null: not found plainly; see `crate::call::module_call::Hooks`).
+    pub hooks: [*mut capi::PyObject; 7],
+    /// The class's Python function `forward`; null when the entry was stored
+    /// by a call that handed over (its forward not looked up).
     pub forward: *mut capi::PyObject,
     /// What a native torch layer (`crate::call::layers`) read from the instance,
     /// valid with the entry (and `reg`'s version where `reg` is set).
@@ -72,7 +74,7 @@ impl Leaf {
 const SETS: usize = 1024;
 const EMPTY: Entry = Entry {
     key: Key::EMPTY,
-    hooks: [std::ptr::null_mut(); 4],
+    hooks: [std::ptr::null_mut(); 7],
     forward: std::ptr::null_mut(),
     leaf: NO_LEAF,
 };
@@ -103,13 +105,15 @@ pub unsafe fn lookup(tp: *mut capi::PyTypeObject, dict: *mut capi::PyObject) -> 
         .map(|e| e as *mut Entry)
 }
 
-/// Remember a fully checked fast call (instance forward absent, class forward
-/// a Python function, `_compiled_call_impl` None, hook dicts plain).
+/// Remember a fully checked call decision (`_compiled_call_impl` None, hook
+/// registries found plainly) and, for a fast call, its `forward` (instance
+/// forward absent, class forward a Python function); `forward` null for a
+/// call that handed over.
 #[inline(always)]
 pub unsafe fn store(
     tp: *mut capi::PyTypeObject,
     dict: *mut capi::PyObject,
-    hooks: [*mut capi::PyObject; 4],
+    hooks: [*mut capi::PyObject; 7],
     forward: *mut capi::PyObject,
 ) -> *mut Entry {
     if !crate::cpython::validity::caches_on() || capi::PyDict_CheckExact(dict) == 0 {

@@ -12,12 +12,13 @@
 //! snapshots taken where torch builds its tuples (a hook added during the
 //! pre-hooks is not run in this call; one added before the forward hooks
 //! start is), and `forward` is the one read before any hook ran.
-use crate::call::module_call::ForwardCall;
+use crate::call::module_call::{ForwardCall, Hooks};
 use crate::cpython::exceptions;
+use crate::cpython::validity::{caches_on, Key};
 use crate::cpython::{capi, Owned};
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
-use crate::torch_api::hook_support::HookSupport;
-use crate::torch_api::hooks::{snapshot_items, unpack_pair};
+use crate::torch_api::hook_support::{GlobalName, HookSupport};
+use crate::torch_api::hooks::{snapshot_items, unpack_pair, Pairs};
 
 type R<T> = Result<T, ()>;
 
@@ -39,6 +40,62 @@ unsafe fn own(p: *mut capi::PyObject) -> R<Owned> {
 #[inline(always)]
 unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
     Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
+}
+
+/// The module being called, with what the call decision already found of its
+/// hook registries: valid while its instance dict and class are unchanged
+/// (their key), re-read as torch reads them otherwise.
+pub struct Instance {
+    slf: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    key: Option<Key>,
+    found: Hooks,
+}
+
+/// Indexes into [`Hooks`].
+const FORWARD_HOOKS: usize = 2;
+const FORWARD_PRE_HOOKS: usize = 3;
+const PRE_WITH_KWARGS: usize = 4;
+const WITH_KWARGS: usize = 5;
+const ALWAYS_CALLED: usize = 6;
+
+impl Instance {
+    /// `found` was read from `dict` (the instance dict of `slf`) and `tp` just
+    /// now, by the call decision or from the call cache it validated.
+    pub unsafe fn new(
+        slf: *mut capi::PyObject,
+        tp: *mut capi::PyTypeObject,
+        dict: *mut capi::PyObject,
+        found: Hooks,
+    ) -> Instance {
+        let key = if caches_on() && !dict.is_null() {
+            Key::now(tp, dict)
+        } else {
+            None
+        };
+        Instance {
+            slf,
+            tp,
+            key,
+            found,
+        }
+    }
+
+    /// `self.<name>` for the registry at `index` of [`Hooks`].
+    #[inline(always)]
+    unsafe fn attr(&self, index: usize, name: *mut capi::PyObject) -> R<Owned> {
+        let p = self.found[index];
+        if let Some(key) = self.key {
+            if !p.is_null()
+                && capi::Py_TYPE(self.slf) == self.tp
+                && instance_dict(self.slf) == key.dict
+                && Key::now(self.tp, key.dict) == Some(key)
+            {
+                return Ok(borrowed(p));
+            }
+        }
+        self_attr(self.slf, name)
+    }
 }
 
 /// `self.<name>`: from the instance dict when that is exactly what
@@ -93,17 +150,22 @@ unsafe fn call_hook(hook: &Owned, args: &[*mut capi::PyObject]) -> R<Option<Owne
 }
 
 /// `(*a.items(), *b.items())`.
-unsafe fn both_snapshots(s: &HookSupport, a: &Owned, b: &Owned) -> R<Vec<(Owned, Owned)>> {
-    let mut out = snapshot_items(a.as_ptr(), s)?;
-    out.extend(snapshot_items(b.as_ptr(), s)?);
-    Ok(out)
+unsafe fn both_snapshots(
+    s: &HookSupport,
+    a: &Owned,
+    b: &Owned,
+) -> R<impl Iterator<Item = (Owned, Owned)>> {
+    let mut out = Pairs::new();
+    snapshot_items(a.as_ptr(), s, &mut out)?;
+    snapshot_items(b.as_ptr(), s, &mut out)?;
+    Ok(out.into_pairs())
 }
 
 /// Run the call. `args` is the call's positional tuple, `kwargs` a fresh
 /// dict of its keyword arguments (the ones hooks see and may change).
 pub unsafe fn call(
     s: &HookSupport,
-    slf: *mut capi::PyObject,
+    inst: &Instance,
     forward: ForwardCall,
     args: Owned,
     kwargs: Owned,
@@ -118,7 +180,7 @@ pub unsafe fn call(
         result: None,
         called: None,
     };
-    match inner(s, slf, &forward, &mut st) {
+    match inner(s, inst, &forward, &mut st) {
         Ok(r) => return r.into_ptr(),
         Err(()) if compiling => return std::ptr::null_mut(),
         Err(()) => {}
@@ -130,7 +192,7 @@ pub unsafe fn call(
         exceptions::reraise(exc);
         return std::ptr::null_mut();
     }
-    if exceptions::while_handling(&exc, || always_called(s, slf, &mut st)).is_ok() {
+    if exceptions::while_handling(&exc, || always_called(s, inst, &mut st)).is_ok() {
         exceptions::reraise(exc);
     }
     std::ptr::null_mut()
@@ -139,15 +201,16 @@ pub unsafe fn call(
 /// `inner()`.
 unsafe fn inner(
     s: &HookSupport,
-    slf: *mut capi::PyObject,
+    inst: &Instance,
     forward: &ForwardCall,
     st: &mut State,
 ) -> R<Owned> {
+    let slf = inst.slf;
     let n = &s.names;
-    let global_pre = s.global(n.global_forward_pre_hooks)?;
+    let global_pre = s.global(GlobalName::PreHooks)?;
     let mut pre = None;
     let run_pre = truthy(&global_pre)? || {
-        let p = self_attr(slf, n.forward_pre_hooks)?;
+        let p = inst.attr(FORWARD_PRE_HOOKS, n.forward_pre_hooks)?;
         let t = truthy(&p)?;
         pre = Some(p);
         t
@@ -155,20 +218,20 @@ unsafe fn inner(
     if run_pre {
         let pre = match pre {
             Some(p) => p,
-            None => self_attr(slf, n.forward_pre_hooks)?,
+            None => inst.attr(FORWARD_PRE_HOOKS, n.forward_pre_hooks)?,
         };
         for (id, hook) in both_snapshots(s, &global_pre, &pre)? {
-            pre_hook(s, slf, st, &id, &hook)?;
+            pre_hook(s, inst, st, &id, &hook)?;
         }
     }
 
     let result = forward.call(s, slf, &st.args, &st.kwargs)?;
     st.result = Some(result);
 
-    let global_post = s.global(n.global_forward_hooks)?;
+    let global_post = s.global(GlobalName::Hooks)?;
     let mut post = None;
     let run_post = truthy(&global_post)? || {
-        let p = self_attr(slf, n.forward_hooks)?;
+        let p = inst.attr(FORWARD_HOOKS, n.forward_hooks)?;
         let t = truthy(&p)?;
         post = Some(p);
         t
@@ -176,10 +239,10 @@ unsafe fn inner(
     if run_post {
         let post = match post {
             Some(p) => p,
-            None => self_attr(slf, n.forward_hooks)?,
+            None => inst.attr(FORWARD_HOOKS, n.forward_hooks)?,
         };
         for (id, hook) in both_snapshots(s, &global_post, &post)? {
-            post_hook(s, slf, st, &id, &hook)?;
+            post_hook(s, inst, st, &id, &hook)?;
         }
     }
     Ok(st
@@ -191,12 +254,13 @@ unsafe fn inner(
 /// One forward pre-hook of `inner()`'s loop.
 unsafe fn pre_hook(
     s: &HookSupport,
-    slf: *mut capi::PyObject,
+    inst: &Instance,
     st: &mut State,
     id: &Owned,
     hook: &Owned,
 ) -> R<()> {
-    let with_kwargs = self_attr(slf, s.names.forward_pre_hooks_with_kwargs)?;
+    let slf = inst.slf;
+    let with_kwargs = inst.attr(PRE_WITH_KWARGS, s.names.forward_pre_hooks_with_kwargs)?;
     if contains(&with_kwargs, id)? {
         drop(with_kwargs);
         let r = call_hook(hook, &[slf, st.args.as_ptr(), st.kwargs.as_ptr()])?;
@@ -263,19 +327,22 @@ unsafe fn mark_called(st: &mut State, id: &Owned) -> R<()> {
 /// One forward hook of `inner()`'s loop.
 unsafe fn post_hook(
     s: &HookSupport,
-    slf: *mut capi::PyObject,
+    inst: &Instance,
     st: &mut State,
     id: &Owned,
     hook: &Owned,
 ) -> R<()> {
+    let slf = inst.slf;
     let n = &s.names;
-    let always = contains(&self_attr(slf, n.forward_hooks_always_called)?, id)?
-        || contains(&s.global(n.global_forward_hooks_always_called)?, id)?;
+    let always = contains(
+        &inst.attr(ALWAYS_CALLED, n.forward_hooks_always_called)?,
+        id,
+    )? || contains(&s.global(GlobalName::AlwaysCalled)?, id)?;
     if always {
         mark_called(st, id)?;
     }
-    let with_kwargs = contains(&self_attr(slf, n.forward_hooks_with_kwargs)?, id)?
-        || contains(&s.global(n.global_forward_hooks_with_kwargs)?, id)?;
+    let with_kwargs = contains(&inst.attr(WITH_KWARGS, n.forward_hooks_with_kwargs)?, id)?
+        || contains(&s.global(GlobalName::WithKwargs)?, id)?;
     let r = if with_kwargs {
         call_hook(
             hook,
@@ -302,24 +369,26 @@ unsafe fn not_called(st: &State, id: &Owned) -> R<bool> {
 /// ones then the module's, each iterated live (`.items()`, as torch does
 /// there). A hook's own exception becomes a warning; Err(()) when something
 /// else raised (that exception then replaces the original).
-unsafe fn always_called(s: &HookSupport, slf: *mut capi::PyObject, st: &mut State) -> R<()> {
+unsafe fn always_called(s: &HookSupport, inst: &Instance, st: &mut State) -> R<()> {
+    let slf = inst.slf;
     let n = &s.names;
-    let global = s.global(n.global_forward_hooks)?;
+    let global = s.global(GlobalName::Hooks)?;
     for_each_item(s, &global, |id, hook| {
-        let run =
-            contains(&s.global(n.global_forward_hooks_always_called)?, id)? && not_called(st, id)?;
+        let run = contains(&s.global(GlobalName::AlwaysCalled)?, id)? && not_called(st, id)?;
         if run {
             let r = call_hook(hook, &[slf, st.args.as_ptr(), result_ptr(st)]);
             settle(s, st, r, c"global module forward hook")?;
         }
         Ok(())
     })?;
-    let module = self_attr(slf, n.forward_hooks)?;
+    let module = inst.attr(FORWARD_HOOKS, n.forward_hooks)?;
     for_each_item(s, &module, |id, hook| {
-        let run =
-            contains(&self_attr(slf, n.forward_hooks_always_called)?, id)? && not_called(st, id)?;
+        let run = contains(
+            &inst.attr(ALWAYS_CALLED, n.forward_hooks_always_called)?,
+            id,
+        )? && not_called(st, id)?;
         if run {
-            let with_kwargs = contains(&self_attr(slf, n.forward_hooks_with_kwargs)?, id);
+            let with_kwargs = contains(&inst.attr(WITH_KWARGS, n.forward_hooks_with_kwargs)?, id);
             let r = with_kwargs.and_then(|k| {
                 if k {
                     call_hook(

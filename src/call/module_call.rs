@@ -77,8 +77,10 @@ impl Why {
     }
 }
 
-/// The 4 per-module hook registries, in `_call_impl`'s order (borrowed).
-type Hooks = [*mut capi::PyObject; 4];
+/// The 4 per-module hook registries, in `_call_impl`'s order, then the 3
+/// sets of hook ids the hook dispatch asks about (null where one is not
+/// found plainly: the dispatch then reads it as torch does); borrowed.
+pub type Hooks = [*mut capi::PyObject; 7];
 
 /// What depends only on the instance `__dict__` and the class (so the call
 /// cache may remember it): the class runs torch's `_call_impl` and
@@ -108,12 +110,19 @@ unsafe fn resolve(
         Plain::Error => return Err(Decision::Error),
         Plain::Unusual => return Err(Decision::Stock(Why::UnusualInstanceDict)),
     }
-    let mut hooks: Hooks = [std::ptr::null_mut(); 4];
+    let mut hooks: Hooks = [std::ptr::null_mut(); 7];
     for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
         match plain_attr(tp, dict, name) {
             Plain::Found(h) => *slot = h,
             Plain::Error => return Err(Decision::Error),
             Plain::Unusual => return Err(Decision::Stock(Why::UnusualInstanceDict)),
+        }
+    }
+    for (slot, &name) in hooks[4..].iter_mut().zip(n.hook_sets.iter()) {
+        match plain_attr(tp, dict, name) {
+            Plain::Found(h) => *slot = h,
+            Plain::Error => return Err(Decision::Error),
+            Plain::Unusual => {}
         }
     }
     Ok(hooks)
@@ -139,7 +148,7 @@ unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
     }
     // `hooks` is in `_call_impl`'s order: the two backward registries first.
     let mut forward_hooks = false;
-    for (i, &h) in hooks.iter().enumerate() {
+    for (i, &h) in hooks[..4].iter().enumerate() {
         match hook_dict_len(h, g.odict) {
             Some(0) => {}
             Some(_) if i >= 2 => forward_hooks = true,
@@ -403,7 +412,8 @@ unsafe fn call_hooked(
     let Ok((a, k)) = args.tuple_and_dict() else {
         return std::ptr::null_mut();
     };
-    crate::call::hooks_dispatch::call(s, slf, forward, a, k)
+    let instance = crate::call::hooks_dispatch::Instance::new(slf, tp, dict, *hooks);
+    crate::call::hooks_dispatch::call(s, &instance, forward, a, k)
 }
 
 #[inline(always)]
@@ -446,6 +456,10 @@ unsafe fn fast_call(
     if let Some(e) = crate::call::call_cache::lookup(tp, dict) {
         let (hooks, forward) = ((*e).hooks, (*e).forward);
         return match live(g, &hooks) {
+            // An entry stored when the call handed over has no forward yet.
+            Decision::Forward if forward.is_null() => {
+                Some(call_forward(g, slf, tp, dict, args, &hooks))
+            }
             Decision::Forward => Some(call_function(forward, slf, args, e)),
             Decision::Hooks => Some(call_hooked(g, slf, tp, dict, args, &hooks)),
             Decision::Stock(_) => None,
@@ -456,7 +470,13 @@ unsafe fn fast_call(
         Ok(hooks) => match live(g, &hooks) {
             Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
             Decision::Hooks => return Some(call_hooked(g, slf, tp, dict, args, &hooks)),
-            other => other,
+            other => {
+                // What `resolve` read holds while the dict and class are
+                // unchanged: the next hand-over (a module with backward
+                // hooks, say) skips it, so it costs no more than stock's.
+                crate::call::call_cache::store(tp, dict, hooks, std::ptr::null_mut());
+                other
+            }
         },
         Err(other) => other,
     };

@@ -9,7 +9,9 @@
 //! `_is_compiling_flag` read from `torch.compiler`'s globals, as the function
 //! returns it. Otherwise, or when `fastmodule.hook_dispatch` found another
 //! shape, the very expression `torch.compiler.is_compiling()` runs.
+use crate::cpython::validity::{caches_on, dict_version};
 use crate::cpython::{capi, Owned};
+use std::cell::Cell;
 
 pub struct Compiling {
     /// `torch.nn.modules.module.__dict__`, where `torch` is looked up.
@@ -26,6 +28,13 @@ pub struct Compiling {
     pub is_scripting_code: *mut capi::PyObject,
     /// Whether the shape above was found at import (else always the call).
     pub known: bool,
+    /// The versions of the four module dicts on the way (module.py's globals,
+    /// `torch`, `torch.compiler`, `torch.jit`) when the flag was last read
+    /// through torch's own objects, and what it said: while none of them
+    /// changed (the flag lives in `torch.compiler`'s) and both functions keep
+    /// their code, the answer is the same.
+    pub seen: Cell<[u64; 4]>,
+    pub answer: Cell<bool>,
     pub names: Names,
 }
 
@@ -83,9 +92,31 @@ impl Compiling {
     /// `bool(torch.compiler.is_compiling())` as module.py evaluates it;
     /// Err(()) with the exception set.
     pub unsafe fn now(&self) -> Result<bool, ()> {
+        let versions = [
+            self.module_globals,
+            self.torch_dict,
+            self.compiler_dict,
+            self.jit_dict,
+        ]
+        .map(|d| dict_version(d));
+        let same_code = capi::PyFunction_GetCode(self.is_compiling) == self.is_compiling_code
+            && capi::PyFunction_GetCode(self.is_scripting) == self.is_scripting_code;
+        if self.known
+            && caches_on()
+            && same_code
+            && !versions.contains(&0)
+            && versions == self.seen.get()
+        {
+            return Ok(self.answer.get());
+        }
         if let Some(f) = self.flag() {
             if capi::PyBool_Check(f) != 0 {
-                return Ok(f == capi::Py_True());
+                let answer = f == capi::Py_True();
+                if caches_on() && !versions.contains(&0) {
+                    self.seen.set(versions);
+                    self.answer.set(answer);
+                }
+                return Ok(answer);
             }
         }
         if !capi::PyErr_Occurred().is_null() {

@@ -3,15 +3,20 @@
 //! `fastmodule.hook_dispatch` (only after torch's `_call_impl` and the
 //! functions it calls were verified). Until then, or if it never comes,
 //! a module call with hooks runs torch's `_call_impl`.
+use crate::cpython::validity::{caches_on, dict_version};
 use crate::cpython::{capi, Owned};
 use crate::torch_api::compiling::{self, Compiling};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 pub struct HookSupport {
     pub compiling: Compiling,
+    /// The four module globals the dispatch reads, as of a version of
+    /// module.py's globals (borrowed: the unchanged dict keeps them alive).
+    globals_seen: Cell<(u64, [*mut capi::PyObject; 4])>,
     /// `torch.nn.modules.module.__dict__`: its globals (the global hook
     /// dicts) and where its warnings are registered.
     pub module_globals: *mut capi::PyObject,
@@ -43,6 +48,15 @@ pub struct Names {
     pub warning_registry: *mut capi::PyObject,
 }
 
+/// The module.py globals `_call_impl` reads on the way to the forward hooks.
+#[derive(Clone, Copy)]
+pub enum GlobalName {
+    PreHooks,
+    Hooks,
+    WithKwargs,
+    AlwaysCalled,
+}
+
 // SAFETY: strong references kept for the life of the process, read with the GIL.
 unsafe impl Send for HookSupport {}
 unsafe impl Sync for HookSupport {}
@@ -67,6 +81,7 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let code =
         |k: &str| -> PyResult<*mut capi::PyObject> { Ok(get(k)?.getattr("__code__")?.into_ptr()) };
     let support = HookSupport {
+        globals_seen: Cell::new((0, [std::ptr::null_mut(); 4])),
         compiling: Compiling {
             module_globals: ptr("module_globals")?,
             torch: ptr("torch")?,
@@ -80,6 +95,8 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             is_scripting: ptr("is_scripting")?,
             is_scripting_code: code("is_scripting")?,
             known: get("is_compiling_known")?.is_truthy()?,
+            seen: Cell::new([0; 4]),
+            answer: Cell::new(false),
             names: compiling::Names {
                 torch: intern("torch"),
                 compiler: intern("compiler"),
@@ -115,9 +132,38 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
 }
 
 impl HookSupport {
-    /// A global of module.py, read as `_call_impl` reads it.
-    pub unsafe fn global(&self, name: *mut capi::PyObject) -> Result<Owned, ()> {
-        crate::cpython::load_global::load_global(self.module_globals, name)
+    /// A global of module.py, read as `_call_impl` reads it: from the
+    /// remembered reads while module.py's globals are unchanged, else looked
+    /// up (and remembered when all four are plain entries of a quiet dict).
+    #[inline(always)]
+    pub unsafe fn global(&self, which: GlobalName) -> Result<Owned, ()> {
+        let g = self.module_globals;
+        let (seen, ptrs) = self.globals_seen.get();
+        let version = dict_version(g);
+        if caches_on() && version != 0 && version == seen {
+            return Ok(item_ref(ptrs[which as usize]));
+        }
+        let n = &self.names;
+        let names = [
+            n.global_forward_pre_hooks,
+            n.global_forward_hooks,
+            n.global_forward_hooks_with_kwargs,
+            n.global_forward_hooks_always_called,
+        ];
+        if caches_on() && crate::cpython::quiet::dict(g) {
+            let mut found = [std::ptr::null_mut(); 4];
+            for (slot, &name) in found.iter_mut().zip(names.iter()) {
+                *slot = capi::PyDict_GetItemWithError(g, name);
+            }
+            if found.iter().all(|p| !p.is_null()) {
+                self.globals_seen.set((version, found));
+                return Ok(item_ref(found[which as usize]));
+            }
+            if !capi::PyErr_Occurred().is_null() {
+                return Err(());
+            }
+        }
+        crate::cpython::load_global::load_global(g, names[which as usize])
     }
 
     /// `a, b = pair` for anything but an exact 2-tuple.
@@ -172,6 +218,11 @@ impl HookSupport {
             Ok(())
         }
     }
+}
+
+#[inline(always)]
+unsafe fn item_ref(p: *mut capi::PyObject) -> Owned {
+    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
 }
 
 unsafe fn item(t: *mut capi::PyObject, i: capi::Py_ssize_t) -> Owned {

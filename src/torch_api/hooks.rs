@@ -82,28 +82,72 @@ pub unsafe fn global_call_hooks(g: &Globals) -> Result<GlobalHooks, ()> {
     })
 }
 
-/// A hook registry's `(hook_id, hook)` pairs in iteration order, as
-/// `(*registry.items(),)` takes them: a snapshot that later additions or
-/// removals do not change. An exact dict is read entry by entry and an exact
-/// `OrderedDict` in its own order (keys from its iterator, values from its
-/// table, as its `items()` pairs them), neither running code while every key
-/// is an int or a str; anything else goes through `items()` itself.
+/// `(hook_id, hook)` pairs: up to four inline (a module rarely has more
+/// hooks), the rest on the heap.
+pub struct Pairs {
+    inline: [Option<(Owned, Owned)>; 4],
+    len: usize,
+    more: Vec<(Owned, Owned)>,
+}
+
+impl Pairs {
+    pub fn new() -> Pairs {
+        Pairs {
+            inline: [const { None }; 4],
+            len: 0,
+            more: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, pair: (Owned, Owned)) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = Some(pair),
+            None => self.more.push(pair),
+        }
+        self.len += 1;
+    }
+
+    /// The pairs in the order they were added.
+    pub fn into_pairs(self) -> impl Iterator<Item = (Owned, Owned)> {
+        self.inline.into_iter().flatten().chain(self.more)
+    }
+}
+
+impl Default for Pairs {
+    fn default() -> Pairs {
+        Pairs::new()
+    }
+}
+
+/// Appends a hook registry's `(hook_id, hook)` pairs in iteration order to
+/// `out`, as `(*registry.items(),)` takes them: a snapshot that later
+/// additions or removals do not change. An exact dict is read entry by entry
+/// and an exact `OrderedDict` in its own order (keys from its iterator,
+/// values from its table, as its `items()` pairs them), neither running code
+/// while every key is an int or a str; anything else goes through `items()`
+/// itself.
 pub unsafe fn snapshot_items(
     d: *mut capi::PyObject,
     s: &HookSupport,
-) -> Result<Vec<(Owned, Owned)>, ()> {
+    out: &mut Pairs,
+) -> Result<(), ()> {
     let t = capi::Py_TYPE(d);
-    if t == std::ptr::addr_of_mut!(capi::PyDict_Type) {
-        let mut out = Vec::with_capacity(crate::cpython::dicts::used(d) as usize);
+    let exact_dict = t == std::ptr::addr_of_mut!(capi::PyDict_Type);
+    // An OrderedDict of at most one entry is in its table's order (the
+    // common case of one hook): read as a dict, without an iterator.
+    if exact_dict || (t == s.odict && crate::cpython::dicts::used(d) <= 1) {
         let (mut pos, mut k, mut v) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while capi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
             out.push((borrowed(k), borrowed(v)));
         }
-        return Ok(out);
+        return Ok(());
     }
     if t == s.odict {
-        if let Some(out) = odict_items(d)? {
-            return Ok(out);
+        if let Some(pairs) = odict_items(d)? {
+            for pair in pairs.into_pairs() {
+                out.push(pair);
+            }
+            return Ok(());
         }
     }
     let items = Owned::from_owned_ptr(capi::PyObject_CallMethodObjArgs(
@@ -113,12 +157,11 @@ pub unsafe fn snapshot_items(
     ))
     .ok_or(())?;
     let it = Owned::from_owned_ptr(capi::PyObject_GetIter(items.as_ptr())).ok_or(())?;
-    let mut out = Vec::new();
     while let Some(pair) = Owned::from_owned_ptr(capi::PyIter_Next(it.as_ptr())) {
         out.push(unpack_pair(pair.as_ptr(), s)?);
     }
     if capi::PyErr_Occurred().is_null() {
-        Ok(out)
+        Ok(())
     } else {
         Err(())
     }
@@ -127,9 +170,9 @@ pub unsafe fn snapshot_items(
 /// An exact `OrderedDict`'s pairs; None when a key is neither an exact int
 /// nor an exact str (its comparisons could run code: the caller asks
 /// `items()`).
-unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Vec<(Owned, Owned)>>, ()> {
+unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Pairs>, ()> {
     let it = Owned::from_owned_ptr(capi::PyObject_GetIter(d)).ok_or(())?;
-    let mut out = Vec::with_capacity(crate::cpython::dicts::used(d) as usize);
+    let mut out = Pairs::new();
     while let Some(k) = Owned::from_owned_ptr(capi::PyIter_Next(it.as_ptr())) {
         if capi::PyLong_CheckExact(k.as_ptr()) == 0 && capi::PyUnicode_CheckExact(k.as_ptr()) == 0 {
             return Ok(None);

@@ -21,6 +21,10 @@ pub struct Names {
     pub forward: *mut capi::PyObject,
     /// The 4 per-module hook dicts `_call_impl` tests.
     pub instance_hooks: [*mut capi::PyObject; 4],
+    /// The per-module sets of forward-hook ids `_call_impl` asks about
+    /// (`_forward_pre_hooks_with_kwargs`, `_forward_hooks_with_kwargs`,
+    /// `_forward_hooks_always_called`).
+    pub hook_sets: [*mut capi::PyObject; 3],
     /// The 4 module-level hook dicts `_call_impl` tests.
     pub global_hooks: [*mut capi::PyObject; 4],
     pub global_param_reg_hooks: *mut capi::PyObject,
@@ -155,6 +159,11 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
             intern(py, "_backward_pre_hooks"),
             intern(py, "_forward_hooks"),
             intern(py, "_forward_pre_hooks"),
+        ],
+        hook_sets: [
+            intern(py, "_forward_pre_hooks_with_kwargs"),
+            intern(py, "_forward_hooks_with_kwargs"),
+            intern(py, "_forward_hooks_always_called"),
         ],
         global_hooks: [
             intern(py, "_global_backward_pre_hooks"),
