@@ -45,3 +45,11 @@ pub use pyo3::ffi::{
 /// pyo3's shims of functions newer CPythons declare (`PyObject_GetOptionalAttr`
 /// is 3.13's; older versions get pyo3's equivalent).
 pub use pyo3::ffi::compat::PyObject_GetOptionalAttr;
+
+/// Used by the native torch layers (`crate::call::layers`).
+pub use pyo3::ffi::{
+    PyCell_Get, PyFloat_AS_DOUBLE, PyFloat_CheckExact, PyFloat_FromDouble, PyFunction_GetCode,
+    PyFunction_GetDefaults, PyList_SET_ITEM, PyLong_AsLongLong, PyLong_CheckExact,
+    PyLong_FromLongLong, PyNumber_Float, PyNumber_TrueDivide, PyObject_CallMethodNoArgs,
+    PyObject_CallMethodOneArg, PyObject_VectorcallMethod, PyTuple_CheckExact,
+};
