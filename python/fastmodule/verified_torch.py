@@ -12,6 +12,7 @@ VERSIONS: tuple[str, ...] = (
 FILES: dict[str, frozenset[str]] = {
     "torch/_jit_internal.py": frozenset(
         {
+            "a46566a140815c8778f27498dbeb3a174604bb1d67f378919dcf4b451714cf94",
             "ebaffcb90a3b4e816fe61acdeea447337a6676e2e95b743bec449980fdc7dd34",
         }
     ),
@@ -29,6 +30,7 @@ FILES: dict[str, frozenset[str]] = {
     ),
     "torch/nn/modules/batchnorm.py": frozenset(
         {
+            "46b3c108a19dad0b8ab53098fdc200a0f8cf90217c94f18b3164922d660716f9",
             "b59a648fe5d87ea98f953840a75542e0cd1ef89bf98127c9f00b8ed5051f1e07",
         }
     ),
@@ -40,17 +42,20 @@ FILES: dict[str, frozenset[str]] = {
     ),
     "torch/nn/modules/conv.py": frozenset(
         {
+            "e275589e31c4083dbdf99fb5db6cac4590074a7131abf6400c7e82354716af6b",
             "ef261d946378fcb5a047d2113ef715f04b2894eef2f2f7ad6009c920f2e9ebc1",
         }
     ),
     "torch/nn/modules/dropout.py": frozenset(
         {
             "2ac0b163bbdfa5c6c723fadc6637099bf8ee412e386c21502a1222edb68ce167",
+            "f1abdbdda095e9ee0bb96701e9afd70dbca20298bd3190aa68b79d0ec98c47f7",
         }
     ),
     "torch/nn/modules/flatten.py": frozenset(
         {
             "330f51bb10bfe15a94c080fb671b8179eba572812a001d7b66d1c66c37d04cb2",
+            "a2039517dadaa399ccb835ebd9b2c0481d90cd0e01216851dd9fedf9bc8ca4bf",
         }
     ),
     "torch/nn/modules/linear.py": frozenset(
@@ -68,15 +73,18 @@ FILES: dict[str, frozenset[str]] = {
     "torch/nn/modules/normalization.py": frozenset(
         {
             "96284b63a2088c7d378716d5114eb5b6a1c072d479116170fcfd284c57e84b4f",
+            "fe394c3aea142534b8d93dbae3784c9183cd44ae2e83d70d8c6a15245aed061b",
         }
     ),
     "torch/nn/modules/pooling.py": frozenset(
         {
+            "7a66ceba372d3e7bf4dda94871b9b730b8d0c2bf9f6f5051874917bb5dcac826",
             "c89240262a65de87bc4a2bd456b56aa76536df37601acb9552595ddd707d1a2c",
         }
     ),
     "torch/nn/modules/sparse.py": frozenset(
         {
+            "4897b5402c35e49c830edaee1eacc1b1c3f802ddc8e7ddf4112a71c78bea81f5",
             "c0b654b23a16e743935909247f78bcb9fd73129ee0fadd475f772cd297728790",
         }
     ),
@@ -117,6 +125,7 @@ FUNCTIONS: dict[str, frozenset[str]] = {
     "torch.nn.functional:batch_norm": frozenset(
         {
             "78a720cdc59f620e",
+            "7f5c43b754bbb2c3",
         }
     ),
     "torch.nn.functional:dropout": frozenset(

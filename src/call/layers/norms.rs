@@ -176,8 +176,9 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
 
 /// `F.batch_norm`'s checks before `torch.batch_norm`: Ok(true) when they all
 /// pass, Ok(false) when `F.batch_norm` itself must run (a `__torch_function__`
-/// argument, a batch of one value per channel, an `eps` out of range: its
-/// own errors), Err(()) with an exception set.
+/// argument, a batch of one value per channel, an `eps` not above 0: its own
+/// checks and errors, which differ between torch versions), Err(()) with an
+/// exception set.
 #[allow(clippy::too_many_arguments)]
 unsafe fn batch_norm_body(
     c: &Common,
@@ -228,7 +229,9 @@ unsafe fn batch_norm_body(
     let Some(e) = exact_float(eps) else {
         return Ok(false);
     };
-    if (training && e <= 0.0) || e < 0.0 {
+    // torch 2.15 raises for `training and eps <= 0.0` or `eps < 0.0`, 2.11 for
+    // `eps <= 0.0`: any eps not above 0 (or NaN) is `F.batch_norm`'s to judge.
+    if e.is_nan() || e <= 0.0 {
         return Ok(false);
     }
     Ok(true)
