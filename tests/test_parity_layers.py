@@ -6,6 +6,7 @@ no Python frame of torch's forward on the native route."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -343,12 +344,23 @@ class Mode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _with(m: nn.Module, **attrs: Any) -> nn.Module:
+    for k, v in attrs.items():
+        setattr(m, k, v)
+    return m
+
+
 HANDOVER = [
     (lambda: nn.LayerNorm(4), lambda: x(3, 4)),
     (lambda: nn.Dropout(0.2), lambda: x(3, 4)),
     (lambda: nn.Embedding(10, 4), lambda: torch.tensor([1, 2])),
     (lambda: nn.Conv2d(2, 3, 3), lambda: x(1, 2, 5, 5)),
     (lambda: nn.BatchNorm2d(2), lambda: x(2, 2, 3, 3)),
+    # `_check_input_dim` calls `input.dim()` twice for a 3-d input.
+    (lambda: nn.BatchNorm1d(2), lambda: x(3, 2, 4)),
+    # An int momentum: torch's forward runs after the rank was checked.
+    (lambda: _with(nn.BatchNorm1d(2), momentum=1), lambda: x(3, 2)),
+    (lambda: _with(nn.BatchNorm1d(2).eval(), momentum=1), lambda: x(3, 2)),
     (lambda: nn.MaxPool2d(2), lambda: x(1, 2, 4, 4)),
     (lambda: nn.AdaptiveAvgPool2d(1), lambda: x(1, 2, 4, 4)),
     (lambda: nn.SiLU(), lambda: x(3, 4)),
@@ -385,6 +397,19 @@ def test_torch_function_gets_torch_code(build: Any, make: Any, how: str) -> None
     stock, fast = go(False), go(True)
     assert same(stock[0], fast[0])
     assert stock[1] == fast[1]
+
+
+def test_batch_norm_rank_error_under_mode() -> None:
+    """The rank error after `_check_input_dim`'s calls, seen by a mode as stock's."""
+
+    def go(accelerate: bool) -> Any:
+        m, inp = nn.BatchNorm1d(2), x(1, 2, 3, 4)
+        log.clear()
+        with fastmodule.accelerated(m) if accelerate else contextlib.nullcontext(), Mode():
+            got = outcome(lambda: m(inp))
+        return got, list(log)
+
+    assert go(False) == go(True)
 
 
 def test_subclass_and_patched_functions_run_torch_code() -> None:

@@ -58,9 +58,10 @@ const BN_F: usize = 2;
 const BN_OP: usize = 3;
 
 /// `_BatchNorm.forward`. Served when the input is a plain tensor of the rank
-/// the class's `_check_input_dim` accepts, `training` and
-/// `track_running_stats` are bools, `momentum` a float or None and `eps` a
-/// float; otherwise torch's `forward` runs (nothing has happened yet).
+/// the class's `_check_input_dim` accepts, no `__torch_function__` mode is
+/// active, `training` and `track_running_stats` are bools, `momentum` a float
+/// or None and `eps` a float; otherwise torch's `forward` runs (nothing has
+/// happened yet).
 pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Option<Obj> {
     let s = &c.s;
     // `self._check_input_dim(input)`: the class's function, no instance attribute.
@@ -77,6 +78,14 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
     }
     if !plain_tensor(c, input) {
         return None;
+    }
+    // Under a `__torch_function__` mode `input.dim()` is seen (as often as
+    // `_check_input_dim` calls it, once or twice), and so would be a call
+    // before a hand-over: torch's `forward` makes them all.
+    match has_tf(c, &[input]) {
+        Err(()) => return Some(std::ptr::null_mut()),
+        Ok(true) => return None,
+        Ok(false) => {}
     }
     let dim = Held(capi::PyObject_CallMethodNoArgs(input, s.dim));
     if dim.0.is_null() {
