@@ -150,3 +150,49 @@ def test_abandoned_walk_iterators_are_collected() -> None:
     del it, m, cycle
     gc.collect()
     assert ref() is None
+
+
+def test_refcounts_flat_over_native_layers() -> None:
+    """The native layer forwards (``src/call/layers/``), on their own route and on
+    each hand-over, leave every object they touch as they found it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.SiLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout2d(0.1),
+        nn.AdaptiveAvgPool2d((None, 1)),
+        nn.Flatten(),
+        nn.LayerNorm(12),
+        nn.GELU(),
+        nn.Dropout(0.2),
+        nn.Identity(),
+        nn.Tanh(),
+        nn.Softmax(-1),
+    )
+    emb = nn.Embedding(10, 3, padding_idx=-1)
+    reflect = nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")
+    x = torch.randn(2, 2, 6, 6)
+    idx = torch.tensor([1, 2, 9])
+    watched = [x, idx, *model.parameters(), *model.buffers(), *emb.parameters()]
+    watched += [model[1].momentum, model[1].eps, model[9].p, model[7].normalized_shape]
+    with (
+        fastmodule.accelerated(model),
+        fastmodule.accelerated(emb),
+        fastmodule.accelerated(reflect),
+    ):
+        for train in (True, False, True):
+            model.train(train)
+            for _ in range(3):
+                model(x)
+                emb(idx)
+                reflect(x)
+            before = [sys.getrefcount(o) for o in watched]
+            with torch.no_grad():
+                for _ in range(2000):
+                    model(x)
+                    emb(idx)
+                    reflect(x)
+            gc.collect()
+            assert [sys.getrefcount(o) for o in watched] == before

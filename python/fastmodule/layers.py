@@ -21,7 +21,7 @@ import torch.nn.modules.linear as linear
 
 from fastmodule import _core, verification
 
-__all__ = ["CONTAINERS", "LAYERS"]
+__all__ = ["CONTAINERS", "LAYERS", "LAYER_KINDS"]
 
 
 def _names(f: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -58,7 +58,32 @@ def _layers_problem() -> str | None:
 #: path; see ``fastmodule.diagnostics()``).
 LAYERS = _layers_problem()
 
+
+def _spec_problem(kind: str) -> str | None:
+    problem = verification.path_problem(verification.LAYER_FAMILIES[kind])
+    if problem is None and not _family_checks[kind]():
+        problem = "torch's code reads other names than the native version"
+    return problem
+
+
+def _specs() -> dict[str, Any]:
+    from fastmodule import _layer_specs
+
+    out: dict[str, Any] = {}
+    for kind, build in _layer_specs.SPECS.items():
+        if _spec_problem(kind) is None:
+            out[kind] = build()
+    return out
+
+
 if LAYERS is None:
+    from fastmodule import _layer_specs
+
+    _family_checks = _layer_specs.CHECKS
+    #: The layer kinds served natively beyond Sequential/Linear/ReLU.
+    LAYER_KINDS: tuple[str, ...] = ()
+    _served = _specs()
+    LAYER_KINDS = tuple(sorted(_served))
     _core.init_layers(
         {
             "sequential_forward": torch.nn.Sequential.forward,
@@ -77,8 +102,15 @@ if LAYERS is None:
             "torch_relu": torch.relu,
             "torch_relu_": torch.relu_,
             "has_torch_function_unary": F.relu.__globals__["has_torch_function_unary"],
+            "has_torch_function_variadic": F.__dict__["has_torch_function_variadic"],
+            "tensor_type": torch.Tensor,
+            "parameter_type": torch.nn.Parameter,
+            "absent": _layer_specs.ABSENT,
+            "layers": _served,
         }
     )
+else:
+    LAYER_KINDS = ()
 
 
 # Container protocol methods, each a one-line view of `self._modules`.

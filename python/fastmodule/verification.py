@@ -41,6 +41,7 @@ __all__ = [
     "CONVERSIONS",
     "CORE_PATHS",
     "HOOK_FUNCTIONS",
+    "LAYER_FAMILIES",
     "LAYER_FUNCTIONS",
     "METHOD_PATHS",
     "SUPPORTED_PYTHON",
@@ -139,6 +140,51 @@ LAYER_FUNCTIONS: tuple[str, ...] = (
     "torch.nn.functional:relu",
 )
 
+_M = "torch.nn.modules."
+_FN = "torch.nn.functional:"
+_DROPOUT_CLASSES = {
+    "dropout": "Dropout",
+    "dropout1d": "Dropout1d",
+    "dropout2d": "Dropout2d",
+    "dropout3d": "Dropout3d",
+    "alpha_dropout": "AlphaDropout",
+    "feature_alpha_dropout": "FeatureAlphaDropout",
+}
+_BATCH_NORM = (_M + "batchnorm:_BatchNorm.forward", _FN + "batch_norm", _FN + "_verify_batch_size")
+
+#: The further layer kinds the call path runs without frames
+#: (``fastmodule._layer_specs``), each with the torch functions it reproduces.
+LAYER_FAMILIES: dict[str, tuple[str, ...]] = {
+    "identity": (_M + "linear:Identity.forward",),
+    "flatten": (_M + "flatten:Flatten.forward",),
+    "gelu": (_M + "activation:GELU.forward",),
+    "silu": (_M + "activation:SiLU.forward", _FN + "silu"),
+    "tanh": (_M + "activation:Tanh.forward",),
+    "sigmoid": (_M + "activation:Sigmoid.forward",),
+    "softmax": (_M + "activation:Softmax.forward", _FN + "softmax"),
+    **{kind: (f"{_M}dropout:{cls}.forward", _FN + kind) for kind, cls in _DROPOUT_CLASSES.items()},
+    "layer_norm": (_M + "normalization:LayerNorm.forward", _FN + "layer_norm"),
+    "rms_norm": (_M + "normalization:RMSNorm.forward", _FN + "rms_norm"),
+    "embedding": (_M + "sparse:Embedding.forward", _FN + "embedding"),
+    "conv1d": (_M + "conv:Conv1d.forward", _M + "conv:Conv1d._conv_forward"),
+    "conv2d": (_M + "conv:Conv2d.forward", _M + "conv:Conv2d._conv_forward"),
+    "batch_norm": (
+        *_BATCH_NORM,
+        _M + "batchnorm:BatchNorm1d._check_input_dim",
+        _M + "batchnorm:BatchNorm2d._check_input_dim",
+    ),
+    "max_pool2d": (
+        _M + "pooling:MaxPool2d.forward",
+        "torch._jit_internal:boolean_dispatch",
+        _FN + "_max_pool2d",
+    ),
+    "adaptive_avg_pool2d": (
+        _M + "pooling:AdaptiveAvgPool2d.forward",
+        _FN + "adaptive_avg_pool2d",
+        "torch.nn.modules.utils:_list_with_default",
+    ),
+}
+
 #: Container protocol methods served natively (``fastmodule.layers``).
 CONTAINER_METHODS: tuple[str, ...] = tuple(
     f"torch.nn.modules.container:{cls}.{name}"
@@ -160,6 +206,7 @@ def all_functions() -> list[str]:
     """Every torch function some native path reproduces."""
     groups = [*CORE_PATHS.values(), *METHOD_PATHS.values()]
     groups += [HOOK_FUNCTIONS, LAYER_FUNCTIONS, CONTAINER_METHODS, CONVERSIONS]
+    groups += list(LAYER_FAMILIES.values())
     return sorted({f for group in groups for f in group})
 
 

@@ -34,10 +34,34 @@ FILES: dict[str, frozenset[str]] = {
             "9b1ef5c6daeaf392b9267f82a7212da22233c23b8b344a7494d58426a2bf3679",
         }
     ),
+    "torch/nn/modules/batchnorm.py": frozenset(
+        {
+            "46b3c108a19dad0b8ab53098fdc200a0f8cf90217c94f18b3164922d660716f9",
+            "b59a648fe5d87ea98f953840a75542e0cd1ef89bf98127c9f00b8ed5051f1e07",
+        }
+    ),
     "torch/nn/modules/container.py": frozenset(
         {
             "2caff8043d111843e301e5b7086c303ed0e861780fced92a1eb3808461334cc5",
             "5a8e13284e662bab0848deb80cd79148f9121b857897e2bf164ae0e506141c75",
+        }
+    ),
+    "torch/nn/modules/conv.py": frozenset(
+        {
+            "e275589e31c4083dbdf99fb5db6cac4590074a7131abf6400c7e82354716af6b",
+            "ef261d946378fcb5a047d2113ef715f04b2894eef2f2f7ad6009c920f2e9ebc1",
+        }
+    ),
+    "torch/nn/modules/dropout.py": frozenset(
+        {
+            "2ac0b163bbdfa5c6c723fadc6637099bf8ee412e386c21502a1222edb68ce167",
+            "f1abdbdda095e9ee0bb96701e9afd70dbca20298bd3190aa68b79d0ec98c47f7",
+        }
+    ),
+    "torch/nn/modules/flatten.py": frozenset(
+        {
+            "330f51bb10bfe15a94c080fb671b8179eba572812a001d7b66d1c66c37d04cb2",
+            "a2039517dadaa399ccb835ebd9b2c0481d90cd0e01216851dd9fedf9bc8ca4bf",
         }
     ),
     "torch/nn/modules/linear.py": frozenset(
@@ -52,10 +76,38 @@ FILES: dict[str, frozenset[str]] = {
             "6e1d498b3b1997725aae48fcda347149d2fa093f4f5854490268bb4af75b1b81",
         }
     ),
+    "torch/nn/modules/normalization.py": frozenset(
+        {
+            "96284b63a2088c7d378716d5114eb5b6a1c072d479116170fcfd284c57e84b4f",
+            "fe394c3aea142534b8d93dbae3784c9183cd44ae2e83d70d8c6a15245aed061b",
+        }
+    ),
+    "torch/nn/modules/pooling.py": frozenset(
+        {
+            "7a66ceba372d3e7bf4dda94871b9b730b8d0c2bf9f6f5051874917bb5dcac826",
+            "c89240262a65de87bc4a2bd456b56aa76536df37601acb9552595ddd707d1a2c",
+        }
+    ),
+    "torch/nn/modules/sparse.py": frozenset(
+        {
+            "4897b5402c35e49c830edaee1eacc1b1c3f802ddc8e7ddf4112a71c78bea81f5",
+            "c0b654b23a16e743935909247f78bcb9fd73129ee0fadd475f772cd297728790",
+        }
+    ),
+    "torch/nn/modules/utils.py": frozenset(
+        {
+            "912eec7b36f7714f7e07db30a618b0e0b68ed24cce95e8149626531ee16d2889",
+        }
+    ),
 }
 
 #: :func:`fastmodule.verification.fingerprint` of each function's source.
 FUNCTIONS: dict[str, frozenset[str]] = {
+    "torch._jit_internal:boolean_dispatch": frozenset(
+        {
+            "bfb55baac47e55ad",
+        }
+    ),
     "torch._jit_internal:is_scripting": frozenset(
         {
             "2592aca196011a22",
@@ -66,14 +118,130 @@ FUNCTIONS: dict[str, frozenset[str]] = {
             "9604cae2083a51f0",
         }
     ),
+    "torch.nn.functional:_max_pool2d": frozenset(
+        {
+            "5ce71e5646565e28",
+        }
+    ),
+    "torch.nn.functional:_verify_batch_size": frozenset(
+        {
+            "cbf612a52b4b1cb2",
+        }
+    ),
+    "torch.nn.functional:adaptive_avg_pool2d": frozenset(
+        {
+            "ea57239fdbc8d964",
+        }
+    ),
+    "torch.nn.functional:alpha_dropout": frozenset(
+        {
+            "61d8c0e489612c8c",
+        }
+    ),
+    "torch.nn.functional:batch_norm": frozenset(
+        {
+            "78a720cdc59f620e",
+            "7f5c43b754bbb2c3",
+        }
+    ),
+    "torch.nn.functional:dropout": frozenset(
+        {
+            "dde5f1ed96f1d9ed",
+        }
+    ),
+    "torch.nn.functional:dropout1d": frozenset(
+        {
+            "ff1a58ecf3a722dc",
+        }
+    ),
+    "torch.nn.functional:dropout2d": frozenset(
+        {
+            "7de6da00abefb589",
+        }
+    ),
+    "torch.nn.functional:dropout3d": frozenset(
+        {
+            "15ce0de9dcdeaed2",
+        }
+    ),
+    "torch.nn.functional:embedding": frozenset(
+        {
+            "38e16fef61cb4a6d",
+        }
+    ),
+    "torch.nn.functional:feature_alpha_dropout": frozenset(
+        {
+            "005e515d33abdf21",
+        }
+    ),
+    "torch.nn.functional:layer_norm": frozenset(
+        {
+            "241c0dcff1b799c7",
+        }
+    ),
     "torch.nn.functional:relu": frozenset(
         {
             "4597381915581504",
         }
     ),
+    "torch.nn.functional:rms_norm": frozenset(
+        {
+            "b5cfeef9f2421840",
+        }
+    ),
+    "torch.nn.functional:silu": frozenset(
+        {
+            "6a5a4a8cd62d05b9",
+        }
+    ),
+    "torch.nn.functional:softmax": frozenset(
+        {
+            "c4196a1f9788aa1c",
+        }
+    ),
+    "torch.nn.modules.activation:GELU.forward": frozenset(
+        {
+            "1077e04450bea88b",
+        }
+    ),
     "torch.nn.modules.activation:ReLU.forward": frozenset(
         {
             "dfe85ee91e58d009",
+        }
+    ),
+    "torch.nn.modules.activation:SiLU.forward": frozenset(
+        {
+            "65f20b689036e7c4",
+        }
+    ),
+    "torch.nn.modules.activation:Sigmoid.forward": frozenset(
+        {
+            "74e2b25aff2c96fc",
+        }
+    ),
+    "torch.nn.modules.activation:Softmax.forward": frozenset(
+        {
+            "9fdb0a20e2785d5a",
+        }
+    ),
+    "torch.nn.modules.activation:Tanh.forward": frozenset(
+        {
+            "2aa5f5438f6d88d4",
+        }
+    ),
+    "torch.nn.modules.batchnorm:BatchNorm1d._check_input_dim": frozenset(
+        {
+            "700892545716207b",
+        }
+    ),
+    "torch.nn.modules.batchnorm:BatchNorm2d._check_input_dim": frozenset(
+        {
+            "886844194ba9de07",
+        }
+    ),
+    "torch.nn.modules.batchnorm:_BatchNorm.forward": frozenset(
+        {
+            "15ef989fa2316ad0",
         }
     ),
     "torch.nn.modules.container:ModuleDict.__iter__": frozenset(
@@ -124,6 +292,66 @@ FUNCTIONS: dict[str, frozenset[str]] = {
     "torch.nn.modules.container:Sequential.forward": frozenset(
         {
             "90fbcecb18a90902",
+        }
+    ),
+    "torch.nn.modules.conv:Conv1d._conv_forward": frozenset(
+        {
+            "4a03aa5b0721c7fa",
+        }
+    ),
+    "torch.nn.modules.conv:Conv1d.forward": frozenset(
+        {
+            "ced548d280531c69",
+        }
+    ),
+    "torch.nn.modules.conv:Conv2d._conv_forward": frozenset(
+        {
+            "1af7a7fb38201b4b",
+        }
+    ),
+    "torch.nn.modules.conv:Conv2d.forward": frozenset(
+        {
+            "ced548d280531c69",
+        }
+    ),
+    "torch.nn.modules.dropout:AlphaDropout.forward": frozenset(
+        {
+            "467ccb0ecdac4b17",
+        }
+    ),
+    "torch.nn.modules.dropout:Dropout.forward": frozenset(
+        {
+            "72f77a33434a6bf9",
+        }
+    ),
+    "torch.nn.modules.dropout:Dropout1d.forward": frozenset(
+        {
+            "1057023f4da318a5",
+        }
+    ),
+    "torch.nn.modules.dropout:Dropout2d.forward": frozenset(
+        {
+            "15c920139ebe8426",
+        }
+    ),
+    "torch.nn.modules.dropout:Dropout3d.forward": frozenset(
+        {
+            "a754742f6a6aac4d",
+        }
+    ),
+    "torch.nn.modules.dropout:FeatureAlphaDropout.forward": frozenset(
+        {
+            "15cdb43cb08f5a58",
+        }
+    ),
+    "torch.nn.modules.flatten:Flatten.forward": frozenset(
+        {
+            "45b832af4e9a466f",
+        }
+    ),
+    "torch.nn.modules.linear:Identity.forward": frozenset(
+        {
+            "57d89f6527f6047c",
         }
     ),
     "torch.nn.modules.linear:Linear.forward": frozenset(
@@ -322,6 +550,36 @@ FUNCTIONS: dict[str, frozenset[str]] = {
     "torch.nn.modules.module:Module.zero_grad": frozenset(
         {
             "7c961d3d14f89104",
+        }
+    ),
+    "torch.nn.modules.normalization:LayerNorm.forward": frozenset(
+        {
+            "54edeb5360b3c6c3",
+        }
+    ),
+    "torch.nn.modules.normalization:RMSNorm.forward": frozenset(
+        {
+            "70413df9205e1249",
+        }
+    ),
+    "torch.nn.modules.pooling:AdaptiveAvgPool2d.forward": frozenset(
+        {
+            "f1db14082fbb2cc5",
+        }
+    ),
+    "torch.nn.modules.pooling:MaxPool2d.forward": frozenset(
+        {
+            "60b6fb165f5af788",
+        }
+    ),
+    "torch.nn.modules.sparse:Embedding.forward": frozenset(
+        {
+            "5feb38aed39523c6",
+        }
+    ),
+    "torch.nn.modules.utils:_list_with_default": frozenset(
+        {
+            "4e510661d6415dd6",
         }
     ),
 }

@@ -48,9 +48,13 @@ pub use pyo3::ffi::{
 /// is 3.13's; older versions get pyo3's equivalent).
 pub use pyo3::ffi::compat::PyObject_GetOptionalAttr;
 
-/// Used by the native dispatch of forward hooks.
+/// Used by the native dispatch of forward hooks (`crate::call::hooks_dispatch`)
+/// and the native torch layers (`crate::call::layers`).
 pub use pyo3::ffi::{
-    PyBool_Check, PyDict_Copy, PyDict_New, PyErr_WarnExplicitObject, PyFunction_GetCode,
-    PyLong_CheckExact, PyModule_CheckExact, PyObject_Size, PyObject_Str, PySet_Add, PySet_New,
-    PyTuple_CheckExact, PyUnicode_FromFormat,
+    PyBool_Check, PyCell_Get, PyDict_Copy, PyDict_New, PyErr_WarnExplicitObject, PyFloat_AS_DOUBLE,
+    PyFloat_CheckExact, PyFloat_FromDouble, PyFunction_GetCode, PyFunction_GetDefaults,
+    PyList_SET_ITEM, PyLong_AsLongLong, PyLong_CheckExact, PyLong_FromLongLong,
+    PyModule_CheckExact, PyNumber_Float, PyNumber_TrueDivide, PyObject_CallMethodNoArgs,
+    PyObject_CallMethodOneArg, PyObject_Size, PyObject_Str, PyObject_VectorcallMethod, PySet_Add,
+    PySet_New, PyTuple_CheckExact, PyUnicode_FromFormat,
 };

@@ -535,6 +535,118 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
     return variants
 
 
+def _accelerated_variants(
+    name: str,
+    build: Callable[[], nn.Module],
+    lower: Callable[..., torch.Tensor],
+    extract: Callable[[nn.Module], Any],
+    shape: tuple[int, ...],
+) -> dict[str, Variant]:
+    """Stock vs ``fastmodule.accelerated`` copies of one model of torch's layers (eval mode,
+    inference_mode), and ``lower(x, p)`` over the tensors ``extract`` pulls out of it."""
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    stock = build().eval()
+    fast = build().eval()
+    fast.load_state_dict(stock.state_dict())
+    params = extract(stock)
+    with torch.inference_mode():
+        ref = stock(x)
+        with fastmodule.accelerated(fast):
+            out = fast(x)
+        if not (torch.equal(ref, out) and torch.allclose(ref, lower(x, params))):
+            raise RuntimeError(f"{name}: stock, fast and lower bound disagree")
+
+    @contextlib.contextmanager
+    def fast_context() -> Any:
+        with torch.inference_mode(), fastmodule.accelerated(fast):
+            yield
+
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}, torch.inference_mode),
+        Variant("m(x)", {"m": fast, "x": x}, fast_context),
+        Variant("f(x, p)", {"f": lower, "x": x, "p": params}, torch.inference_mode),
+    )
+
+
+def _torch_cnn() -> nn.Module:
+    # BatchNorm's running statistics not left at 0/1, so eval-mode normalisation does work.
+    cnn = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
+    with torch.no_grad():
+        for bn in (cnn[1], cnn[5]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+    return cnn
+
+
+def _cnn_params(m: nn.Module) -> list[torch.Tensor]:
+    conv1, bn1, conv2, bn2, lin = m[0], m[1], m[4], m[5], m[9]
+    return [
+        t.detach()
+        for t in (
+            conv1.weight, conv1.bias,
+            bn1.running_mean, bn1.running_var, bn1.weight, bn1.bias,
+            conv2.weight, conv2.bias,
+            bn2.running_mean, bn2.running_var, bn2.weight, bn2.bias,
+            lin.weight, lin.bias,
+        )
+    ]  # fmt: skip
+
+
+def cnn_lower(x: torch.Tensor, p: list[torch.Tensor]) -> torch.Tensor:
+    """The small CNN without modules: the F ops over pre-extracted tensors (eval mode)."""
+    cw1, cb1, m1, v1, w1, b1, cw2, cb2, m2, v2, w2, b2, lw, lb = p
+    x = F.conv2d(x, cw1, cb1, 1, 1)
+    x = F.relu(F.batch_norm(x, m1, v1, w1, b1, False, 0.1, 1e-5))
+    x = F.max_pool2d(x, 2)
+    x = F.conv2d(x, cw2, cb2, 1, 1)
+    x = F.relu(F.batch_norm(x, m2, v2, w2, b2, False, 0.1, 1e-5))
+    x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+    return F.linear(x, lw, lb)
+
+
+def _build_cnn_accelerated(device: torch.device) -> dict[str, Variant]:
+    return _accelerated_variants(
+        "cnn_accelerated", _torch_cnn, cnn_lower, _cnn_params, (1, 3, 32, 32)
+    )
+
+
+def _torch_block() -> nn.Module:
+    return nn.Sequential(
+        nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Dropout(0.1)
+    )
+
+
+def _block_params(m: nn.Module) -> list[torch.Tensor]:
+    ln, l1, l2 = m[0], m[1], m[3]
+    return [t.detach() for t in (ln.weight, ln.bias, l1.weight, l1.bias, l2.weight, l2.bias)]
+
+
+def block_lower(x: torch.Tensor, p: list[torch.Tensor]) -> torch.Tensor:
+    """The MLP block without modules: the F ops over pre-extracted tensors (eval mode)."""
+    nw, nb, w1, b1, w2, b2 = p
+    x = F.layer_norm(x, (64,), nw, nb, 1e-5)
+    x = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+    return F.dropout(x, 0.1, False)
+
+
+def _build_block_accelerated(device: torch.device) -> dict[str, Variant]:
+    return _accelerated_variants(
+        "block_accelerated", _torch_block, block_lower, _block_params, (1, 16, 64)
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case("call", "m(x), forward returns x", _build_call),
     Case("call_kwargs", "m(x, y=y)", _build_call_kwargs),
@@ -717,6 +829,18 @@ CASES: tuple[Case, ...] = (
         "the same MLP of torch's own layers only, fastmodule.accelerate(model)",
         _build_mlp64_accelerated,
         uses_device=True,
+    ),
+    Case(
+        "cnn_accelerated",
+        "Conv2d+BatchNorm2d+ReLU+MaxPool2d+Conv2d+BatchNorm2d+ReLU+AdaptiveAvgPool2d+Flatten"
+        "+Linear, 1x3x32x32, eval, inference_mode, fastmodule.accelerate(model)",
+        _build_cnn_accelerated,
+    ),
+    Case(
+        "block_accelerated",
+        "LayerNorm(64)+Linear(64,256)+GELU+Linear(256,64)+Dropout, 1x16x64, eval, "
+        "inference_mode, fastmodule.accelerate(model)",
+        _build_block_accelerated,
     ),
 )
 

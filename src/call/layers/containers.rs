@@ -1,0 +1,100 @@
+//! `nn.Sequential.forward` and `nn.Identity.forward`.
+use super::{cached, Leaves};
+use crate::call::call_cache::{set_leaf, Entry, Leaf, LeafKind};
+use crate::cpython::capi;
+use crate::instance::attributes::{instance_dict, plain_attr, Plain};
+
+/// `for module in self: input = module(input)`, with `self.__iter__` being
+/// torch's `iter(self._modules.values())`.
+pub(super) unsafe fn sequential(
+    l: &Leaves,
+    slf: *mut capi::PyObject,
+    input: *mut capi::PyObject,
+    entry: *mut Entry,
+) -> Option<*mut capi::PyObject> {
+    // The class (`__iter__`) and the instance dict (`_modules`) are what the
+    // entry was validated against.
+    let modules = match cached(entry, LeafKind::Sequential) {
+        Some((d, _)) => d,
+        None => {
+            let tp = capi::Py_TYPE(slf);
+            if crate::cpython::type_cache::type_lookup(tp, l.names.iter) != l.sequential_iter {
+                return None;
+            }
+            let dict = instance_dict(slf);
+            let d = match plain_attr(tp, dict, l.names.modules) {
+                Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => d,
+                Plain::Error => return Some(std::ptr::null_mut()),
+                _ => return None,
+            };
+            if !entry.is_null() && !dict.is_null() {
+                let leaf = Leaf {
+                    kind: LeafKind::Sequential,
+                    reg: std::ptr::null_mut(),
+                    reg_version: 0,
+                    a: d,
+                    b: std::ptr::null_mut(),
+                };
+                set_leaf(entry, dict, leaf);
+            }
+            d
+        }
+    };
+    // Held for the loop, as torch's frame holds `self._modules`.
+    capi::Py_INCREF(modules);
+    // Nested containers recurse natively: count them as torch's frames would.
+    if capi::Py_EnterRecursiveCall(c" while calling a Python object".as_ptr()) != 0 {
+        capi::Py_DECREF(modules);
+        return Some(std::ptr::null_mut());
+    }
+    let r = sequential_loop(modules, input);
+    capi::Py_LeaveRecursiveCall();
+    capi::Py_DECREF(modules);
+    Some(r)
+}
+
+unsafe fn sequential_loop(
+    modules: *mut capi::PyObject,
+    input: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    // `iter(self._modules.values())` with the dict iterator's checks (those
+    // of `Items::next`), on borrowed pointers: each module is held only for
+    // its own call, as the iterator hands it over.
+    let used = crate::cpython::dicts::used(modules);
+    let mut pos: capi::Py_ssize_t = 0;
+    let mut left = used;
+    capi::Py_INCREF(input);
+    let mut x = input;
+    loop {
+        if crate::cpython::dicts::used(modules) != used {
+            capi::Py_DECREF(x);
+            capi::PyErr_SetString(
+                capi::PyExc_RuntimeError,
+                c"dictionary changed size during iteration".as_ptr(),
+            );
+            return std::ptr::null_mut();
+        }
+        let mut k: *mut capi::PyObject = std::ptr::null_mut();
+        let mut v: *mut capi::PyObject = std::ptr::null_mut();
+        if used == 0 || capi::PyDict_Next(modules, &mut pos, &mut k, &mut v) == 0 {
+            return x;
+        }
+        if left == 0 {
+            capi::Py_DECREF(x);
+            capi::PyErr_SetString(
+                capi::PyExc_RuntimeError,
+                c"dictionary keys changed during iteration".as_ptr(),
+            );
+            return std::ptr::null_mut();
+        }
+        left -= 1;
+        capi::Py_INCREF(v);
+        let r = crate::call::module_call::call_one(v, x);
+        capi::Py_DECREF(v);
+        capi::Py_DECREF(x);
+        if r.is_null() {
+            return r;
+        }
+        x = r;
+    }
+}
