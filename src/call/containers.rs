@@ -82,7 +82,7 @@ unsafe extern "C" fn served(
                 Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => {
                     // Held while the body allocates (on 3.11 a collection
                     // may then run a finalizer that drops it from the module).
-                    let d = Owned::from_borrowed(std::ptr::NonNull::new_unchecked(d));
+                    let d = Owned::new_ref(d);
                     return run(e.body, d.as_ptr());
                 }
                 Plain::Error => return std::ptr::null_mut(),

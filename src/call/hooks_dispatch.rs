@@ -37,11 +37,6 @@ unsafe fn own(p: *mut capi::PyObject) -> R<Owned> {
     Owned::from_owned_ptr(p).ok_or(())
 }
 
-#[inline(always)]
-unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
-    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
-}
-
 /// The module being called, with what the call decision already found of its
 /// hook registries: valid while its instance dict and class are unchanged
 /// (their key), re-read as torch reads them otherwise.
@@ -91,7 +86,7 @@ impl Instance {
                 && instance_dict(self.slf) == key.dict
                 && Key::now(self.tp, key.dict) == Some(key)
             {
-                return Ok(borrowed(p));
+                return Ok(Owned::new_ref(p));
             }
         }
         self_attr(self.slf, name)
@@ -102,7 +97,7 @@ impl Instance {
 /// `object.__getattribute__` finds, else through the object's own lookup.
 unsafe fn self_attr(slf: *mut capi::PyObject, name: *mut capi::PyObject) -> R<Owned> {
     match plain_attr(capi::Py_TYPE(slf), instance_dict(slf), name) {
-        Plain::Found(v) => Ok(borrowed(v)),
+        Plain::Found(v) => Ok(Owned::new_ref(v)),
         Plain::Error => Err(()),
         Plain::Unusual => own(capi::PyObject_GetAttr(slf, name)),
     }
@@ -248,7 +243,7 @@ unsafe fn inner(
     Ok(st
         .result
         .take()
-        .unwrap_or_else(|| borrowed(capi::Py_None())))
+        .unwrap_or_else(|| Owned::new_ref(capi::Py_None())))
 }
 
 /// One forward pre-hook of `inner()`'s loop.

@@ -219,7 +219,7 @@ impl Args {
                 } else {
                     capi::PyDict_Copy(k)
                 };
-                Ok((borrowed(a), new(kwargs)?))
+                Ok((Owned::new_ref(a), new(kwargs)?))
             }
             Args::Vector(v, n, kw) => {
                 let t = new(capi::PyTuple_New((n - 1) as capi::Py_ssize_t))?;
@@ -396,10 +396,10 @@ unsafe fn call_hooked(
         return args.call_with_self(g.orig.call, slf);
     };
     let forward = match find_forward(g, tp, dict) {
-        Ok(Found::Instance(inst)) => ForwardCall::Object(borrowed(inst)),
+        Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
         Ok(Found::ClassFunction(f)) => {
             crate::call::call_cache::store(tp, dict, *hooks, f);
-            ForwardCall::Function(borrowed(f))
+            ForwardCall::Function(Owned::new_ref(f))
         }
         Ok(Found::Generic) => {
             match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
@@ -414,11 +414,6 @@ unsafe fn call_hooked(
     };
     let instance = crate::call::hooks_dispatch::Instance::new(slf, tp, dict, *hooks);
     crate::call::hooks_dispatch::call(s, &instance, forward, a, k)
-}
-
-#[inline(always)]
-unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
-    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
 }
 
 /// `func(self, *args)` for a class-level Python function `forward`;

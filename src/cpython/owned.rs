@@ -17,6 +17,16 @@ impl Owned {
         Owned(p)
     }
 
+    /// A new strong reference to a borrowed pointer the caller knows is not
+    /// null (an item just read from a container, a result just checked).
+    ///
+    /// # Safety
+    /// `p` must be a live, non-null object and the GIL held.
+    #[inline(always)]
+    pub unsafe fn new_ref(p: *mut ffi::PyObject) -> Owned {
+        Owned::from_borrowed(NonNull::new_unchecked(p))
+    }
+
     /// Take over a new reference (a call's result), or None for null.
     ///
     /// # Safety

@@ -505,3 +505,38 @@ pub fn status() -> String {
 pub fn caches_on() -> bool {
     dicts::on() && !cfg!(Py_GIL_DISABLED)
 }
+
+/// The versions of the dicts a check read, when it last passed: while none of
+/// them changed, it passes again (any insertion, deletion or rebinding moves a
+/// dict's version). Used for "every global this path reads is still torch's
+/// object" checks (the native layers, `torch.compiler.is_compiling`).
+pub struct Checked<const N: usize>(std::cell::Cell<[u64; N]>);
+// SAFETY: only touched with the GIL held.
+unsafe impl<const N: usize> Sync for Checked<N> {}
+
+impl<const N: usize> Checked<N> {
+    pub const fn new() -> Self {
+        Checked(std::cell::Cell::new([0; N]))
+    }
+
+    /// `check()` unless `dicts` are all at the versions of its last success.
+    #[inline(always)]
+    pub unsafe fn pass(
+        &self,
+        dicts: [*mut ffi::PyObject; N],
+        check: impl FnOnce() -> bool,
+    ) -> bool {
+        if !caches_on() {
+            return check();
+        }
+        let now = dicts.map(|d| dict_version(d));
+        if now == self.0.get() {
+            return true;
+        }
+        if !check() {
+            return false;
+        }
+        self.0.set(now);
+        true
+    }
+}

@@ -174,7 +174,7 @@ pub(super) unsafe fn hold<const N: usize>(
     if objs.iter().any(|p| p.is_null()) {
         return Err(Outcome::Stock);
     }
-    Ok(objs.map(|p| Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))))
+    Ok(objs.map(|p| Owned::new_ref(p)))
 }
 
 /// A global registration-hook dict, or Err(Stock) when it is not a plain
@@ -217,7 +217,7 @@ pub(super) unsafe fn run_reg_hooks(
             capi::Py_INCREF(value);
             return value;
         }
-        Ok(h) => Owned::from_borrowed(std::ptr::NonNull::new_unchecked(h)),
+        Ok(h) => Owned::new_ref(h),
         Err(Outcome::Error) => return std::ptr::null_mut(),
         Err(_) => {
             let h = capi::PyObject_GetItem(g.module_globals, which);

@@ -9,9 +9,8 @@
 //! `_is_compiling_flag` read from `torch.compiler`'s globals, as the function
 //! returns it. Otherwise, or when `fastmodule.hook_dispatch` found another
 //! shape, the very expression `torch.compiler.is_compiling()` runs.
-use crate::cpython::validity::{caches_on, dict_version};
+use crate::cpython::validity::Checked;
 use crate::cpython::{capi, Owned};
-use std::cell::Cell;
 
 pub struct Compiling {
     /// `torch.nn.modules.module.__dict__`, where `torch` is looked up.
@@ -28,13 +27,10 @@ pub struct Compiling {
     pub is_scripting_code: *mut capi::PyObject,
     /// Whether the shape above was found at import (else always the call).
     pub known: bool,
-    /// The versions of the four module dicts on the way (module.py's globals,
-    /// `torch`, `torch.compiler`, `torch.jit`) when the flag was last read
-    /// through torch's own objects, and what it said: while none of them
-    /// changed (the flag lives in `torch.compiler`'s) and both functions keep
-    /// their code, the answer is the same.
-    pub seen: Cell<[u64; 4]>,
-    pub answer: Cell<bool>,
+    /// The four module dicts on the way (module.py's globals, `torch`,
+    /// `torch.compiler`, `torch.jit`) as of the last time every object on it
+    /// was torch's (the functions' code is checked on every call).
+    pub checked: Checked<4>,
     pub names: Names,
 }
 
@@ -65,58 +61,37 @@ unsafe fn plain_module(m: *mut capi::PyObject) -> bool {
 }
 
 impl Compiling {
-    /// The flag `is_compiling()` would return, borrowed, when every object on
-    /// its way is torch's; else None.
+    /// Is every object on the way to the flag torch's own?
     #[inline(always)]
-    unsafe fn flag(&self) -> Option<*mut capi::PyObject> {
+    unsafe fn unchanged(&self) -> bool {
         let n = &self.names;
-        let unchanged = self.known
-            && holds(self.module_globals, n.torch, self.torch)
+        holds(self.module_globals, n.torch, self.torch)
             && plain_module(self.torch)
             && holds(self.torch_dict, n.compiler, self.compiler)
             && plain_module(self.compiler)
             && holds(self.compiler_dict, n.is_compiling, self.is_compiling)
-            && capi::PyFunction_GetCode(self.is_compiling) == self.is_compiling_code
             && holds(self.compiler_dict, n.torch, self.torch)
             && holds(self.torch_dict, n.jit, self.jit)
             && plain_module(self.jit)
             && holds(self.jit_dict, n.is_scripting, self.is_scripting)
-            && capi::PyFunction_GetCode(self.is_scripting) == self.is_scripting_code;
-        if !unchanged {
-            return None;
-        }
-        let f = capi::PyDict_GetItemWithError(self.compiler_dict, n.flag);
-        (!f.is_null()).then_some(f)
     }
 
     /// `bool(torch.compiler.is_compiling())` as module.py evaluates it;
     /// Err(()) with the exception set.
     pub unsafe fn now(&self) -> Result<bool, ()> {
-        let versions = [
+        let torch_code = self.known
+            && capi::PyFunction_GetCode(self.is_compiling) == self.is_compiling_code
+            && capi::PyFunction_GetCode(self.is_scripting) == self.is_scripting_code;
+        let dicts = [
             self.module_globals,
             self.torch_dict,
             self.compiler_dict,
             self.jit_dict,
-        ]
-        .map(|d| dict_version(d));
-        let same_code = capi::PyFunction_GetCode(self.is_compiling) == self.is_compiling_code
-            && capi::PyFunction_GetCode(self.is_scripting) == self.is_scripting_code;
-        if self.known
-            && caches_on()
-            && same_code
-            && !versions.contains(&0)
-            && versions == self.seen.get()
-        {
-            return Ok(self.answer.get());
-        }
-        if let Some(f) = self.flag() {
-            if capi::PyBool_Check(f) != 0 {
-                let answer = f == capi::Py_True();
-                if caches_on() && !versions.contains(&0) {
-                    self.seen.set(versions);
-                    self.answer.set(answer);
-                }
-                return Ok(answer);
+        ];
+        if torch_code && self.checked.pass(dicts, || self.unchanged()) {
+            let f = capi::PyDict_GetItemWithError(self.compiler_dict, self.names.flag);
+            if !f.is_null() && capi::PyBool_Check(f) != 0 {
+                return Ok(f == capi::Py_True());
             }
         }
         if !capi::PyErr_Occurred().is_null() {

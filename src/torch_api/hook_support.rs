@@ -3,7 +3,7 @@
 //! `fastmodule.hook_dispatch` (only after torch's `_call_impl` and the
 //! functions it calls were verified). Until then, or if it never comes,
 //! a module call with hooks runs torch's `_call_impl`.
-use crate::cpython::validity::{caches_on, dict_version};
+use crate::cpython::validity::{caches_on, dict_version, Checked};
 use crate::cpython::{capi, Owned};
 use crate::torch_api::compiling::{self, Compiling};
 use pyo3::exceptions::PyRuntimeError;
@@ -95,8 +95,7 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             is_scripting: ptr("is_scripting")?,
             is_scripting_code: code("is_scripting")?,
             known: get("is_compiling_known")?.is_truthy()?,
-            seen: Cell::new([0; 4]),
-            answer: Cell::new(false),
+            checked: Checked::new(),
             names: compiling::Names {
                 torch: intern("torch"),
                 compiler: intern("compiler"),
@@ -141,7 +140,7 @@ impl HookSupport {
         let (seen, ptrs) = self.globals_seen.get();
         let version = dict_version(g);
         if caches_on() && version != 0 && version == seen {
-            return Ok(item_ref(ptrs[which as usize]));
+            return Ok(Owned::new_ref(ptrs[which as usize]));
         }
         let n = &self.names;
         let names = [
@@ -157,7 +156,7 @@ impl HookSupport {
             }
             if found.iter().all(|p| !p.is_null()) {
                 self.globals_seen.set((version, found));
-                return Ok(item_ref(found[which as usize]));
+                return Ok(Owned::new_ref(found[which as usize]));
             }
             if !capi::PyErr_Occurred().is_null() {
                 return Err(());
@@ -194,7 +193,7 @@ impl HookSupport {
             }
             registry = fresh.as_ptr();
         }
-        let registry = Owned::from_borrowed(std::ptr::NonNull::new_unchecked(registry));
+        let registry = Owned::new_ref(registry);
         let module = capi::PyDict_GetItemWithError(g, n.dunder_name);
         if module.is_null() && !capi::PyErr_Occurred().is_null() {
             return Err(());
@@ -202,7 +201,7 @@ impl HookSupport {
         let module = if module.is_null() {
             Owned::from_owned_ptr(capi::PyUnicode_FromString(c"<string>".as_ptr())).ok_or(())?
         } else {
-            Owned::from_borrowed(std::ptr::NonNull::new_unchecked(module))
+            Owned::new_ref(module)
         };
         let r = capi::PyErr_WarnExplicitObject(
             capi::PyExc_UserWarning,
@@ -220,13 +219,6 @@ impl HookSupport {
     }
 }
 
-#[inline(always)]
-unsafe fn item_ref(p: *mut capi::PyObject) -> Owned {
-    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
-}
-
 unsafe fn item(t: *mut capi::PyObject, i: capi::Py_ssize_t) -> Owned {
-    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(capi::PyTuple_GET_ITEM(
-        t, i,
-    )))
+    Owned::new_ref(capi::PyTuple_GET_ITEM(t, i))
 }

@@ -138,7 +138,7 @@ pub unsafe fn snapshot_items(
     if exact_dict || (t == s.odict && crate::cpython::dicts::used(d) <= 1) {
         let (mut pos, mut k, mut v) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while capi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
-            out.push((borrowed(k), borrowed(v)));
+            out.push((Owned::new_ref(k), Owned::new_ref(v)));
         }
         return Ok(());
     }
@@ -185,7 +185,7 @@ unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Pairs>, ()> {
                 Err(())
             };
         }
-        out.push((k, borrowed(v)));
+        out.push((k, Owned::new_ref(v)));
     }
     if capi::PyErr_Occurred().is_null() {
         Ok(Some(out))
@@ -202,17 +202,11 @@ pub unsafe fn unpack_pair(
 ) -> Result<(Owned, Owned), ()> {
     if capi::PyTuple_CheckExact(pair) != 0 && capi::PyTuple_GET_SIZE(pair) == 2 {
         return Ok((
-            borrowed(capi::PyTuple_GET_ITEM(pair, 0)),
-            borrowed(capi::PyTuple_GET_ITEM(pair, 1)),
+            Owned::new_ref(capi::PyTuple_GET_ITEM(pair, 0)),
+            Owned::new_ref(capi::PyTuple_GET_ITEM(pair, 1)),
         ));
     }
     s.unpack_pair_generic(pair)
-}
-
-#[inline(always)]
-unsafe fn borrowed(p: *mut capi::PyObject) -> Owned {
-    // SAFETY (caller): p is a live object from a container being read.
-    Owned::from_borrowed(std::ptr::NonNull::new_unchecked(p))
 }
 
 /// A hook registry whose truth value is its length: `dict` or `OrderedDict`.

@@ -28,7 +28,6 @@ mod table;
 use crate::call::call_cache::{set_leaf, Entry, Leaf, LeafKind};
 use crate::cpython::capi;
 use crate::cpython::quiet;
-use crate::cpython::validity::dict_version;
 use crate::instance::attributes::instance_dict;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -76,39 +75,7 @@ unsafe impl Send for Leaves {}
 unsafe impl Sync for Leaves {}
 static LEAVES: OnceLock<Leaves> = OnceLock::new();
 
-/// The versions of the dicts whose entries a layer's globals check read, when
-/// the check last passed: while none of them changed, it passes again (any
-/// insertion, deletion or rebinding moves a dict's version).
-pub(super) struct Checked<const N: usize>(std::cell::Cell<[u64; N]>);
-// SAFETY: only touched with the GIL held.
-unsafe impl<const N: usize> Sync for Checked<N> {}
-
-impl<const N: usize> Checked<N> {
-    pub(super) const fn new() -> Self {
-        Checked(std::cell::Cell::new([0; N]))
-    }
-
-    /// `check()` unless `dicts` are all at the versions of its last success.
-    #[inline(always)]
-    pub(super) unsafe fn pass(
-        &self,
-        dicts: [*mut capi::PyObject; N],
-        check: impl FnOnce() -> bool,
-    ) -> bool {
-        if !crate::cpython::validity::caches_on() {
-            return check();
-        }
-        let now = dicts.map(|d| dict_version(d));
-        if now == self.0.get() {
-            return true;
-        }
-        if !check() {
-            return false;
-        }
-        self.0.set(now);
-        true
-    }
-}
+pub(super) use crate::cpython::validity::Checked;
 
 /// `config`: see `fastmodule.layers`.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
