@@ -519,6 +519,8 @@ def test_class_changed_by_a_hook_reads_the_new_class() -> None:
         class Other(type(m)):  # type: ignore[misc]
             @property
             def _forward_hooks(self) -> Any:
+                # Logged: torch reads it twice (the test, then the snapshot).
+                log.append("read the new class's registry")
                 return OrderedDict({1: lambda *a: log.append("the new class's registry")})
 
         def switch(mod: nn.Module, a: Any) -> None:
@@ -526,6 +528,30 @@ def test_class_changed_by_a_hook_reads_the_new_class() -> None:
 
         m.register_forward_pre_hook(switch)
         m.register_forward_hook(lambda *a: log.append("the old registry"))
+        return m(1)
+
+    assert_same(sc)
+
+
+def test_registry_property_is_read_as_often_as_torch_reads_it() -> None:
+    def sc(b: type[nn.Module], log: list[Any]) -> Any:
+        class Counted(b):  # type: ignore[misc, valid-type]
+            def forward(self, x: Any) -> Any:
+                return x
+
+            @property
+            def _forward_hooks(self) -> Any:
+                log.append("read _forward_hooks")
+                return self.__dict__["_registry"]
+
+            @_forward_hooks.setter
+            def _forward_hooks(self, value: Any) -> None:
+                self.__dict__["_registry"] = value
+
+        m = Counted()
+        m.register_forward_pre_hook(lambda *a: log.append("pre"))
+        m._forward_hooks[1] = lambda *a: log.append("post")
+        log.clear()
         return m(1)
 
     assert_same(sc)

@@ -144,6 +144,26 @@ unsafe fn call_hook(hook: &Owned, args: &[*mut capi::PyObject]) -> R<Option<Owne
     Ok((r.as_ptr() != capi::Py_None()).then_some(r))
 }
 
+/// `if _global_x or self._x:` then `(*_global_x.items(), *self._x.items())`:
+/// the pairs to run, or None when both registries are empty. `self._x` is
+/// read as often as torch reads it (once for the test unless the global one
+/// is true, once more for the snapshot): a registry that is a property sees
+/// the same calls.
+unsafe fn hooks_to_run(
+    s: &HookSupport,
+    inst: &Instance,
+    global: GlobalName,
+    index: usize,
+    name: *mut capi::PyObject,
+) -> R<Option<impl Iterator<Item = (Owned, Owned)>>> {
+    let global = s.global(global)?;
+    if !truthy(&global)? && !truthy(&inst.attr(index, name)?)? {
+        return Ok(None);
+    }
+    let own = inst.attr(index, name)?;
+    both_snapshots(s, &global, &own).map(Some)
+}
+
 /// `(*a.items(), *b.items())`.
 unsafe fn both_snapshots(
     s: &HookSupport,
@@ -202,43 +222,23 @@ unsafe fn inner(
 ) -> R<Owned> {
     let slf = inst.slf;
     let n = &s.names;
-    let global_pre = s.global(GlobalName::PreHooks)?;
-    let mut pre = None;
-    let run_pre = truthy(&global_pre)? || {
-        let p = inst.attr(FORWARD_PRE_HOOKS, n.forward_pre_hooks)?;
-        let t = truthy(&p)?;
-        pre = Some(p);
-        t
-    };
-    if run_pre {
-        let pre = match pre {
-            Some(p) => p,
-            None => inst.attr(FORWARD_PRE_HOOKS, n.forward_pre_hooks)?,
-        };
-        for (id, hook) in both_snapshots(s, &global_pre, &pre)? {
-            pre_hook(s, inst, st, &id, &hook)?;
-        }
+    let pre = hooks_to_run(
+        s,
+        inst,
+        GlobalName::PreHooks,
+        FORWARD_PRE_HOOKS,
+        n.forward_pre_hooks,
+    )?;
+    for (id, hook) in pre.into_iter().flatten() {
+        pre_hook(s, inst, st, &id, &hook)?;
     }
 
     let result = forward.call(s, slf, &st.args, &st.kwargs)?;
     st.result = Some(result);
 
-    let global_post = s.global(GlobalName::Hooks)?;
-    let mut post = None;
-    let run_post = truthy(&global_post)? || {
-        let p = inst.attr(FORWARD_HOOKS, n.forward_hooks)?;
-        let t = truthy(&p)?;
-        post = Some(p);
-        t
-    };
-    if run_post {
-        let post = match post {
-            Some(p) => p,
-            None => inst.attr(FORWARD_HOOKS, n.forward_hooks)?,
-        };
-        for (id, hook) in both_snapshots(s, &global_post, &post)? {
-            post_hook(s, inst, st, &id, &hook)?;
-        }
+    let post = hooks_to_run(s, inst, GlobalName::Hooks, FORWARD_HOOKS, n.forward_hooks)?;
+    for (id, hook) in post.into_iter().flatten() {
+        post_hook(s, inst, st, &id, &hook)?;
     }
     Ok(st
         .result
