@@ -219,6 +219,13 @@ fn init_hooks(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResu
     torch_api::hook_support::init(py, config)
 }
 
+/// Tell the call path which of torch's forwards count their caller's frames
+/// (see `fastmodule.frame_counting`).
+#[pyfunction]
+fn init_frame_counting(py: Python<'_>, classify: &Bound<'_, PyAny>) -> PyResult<()> {
+    call::frames::init(py, classify)
+}
+
 /// Serve torch's container methods (`config`: qualified name -> function).
 #[pyfunction]
 fn init_containers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
@@ -353,6 +360,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(install_route_check, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(init_containers, m)?)?;
+    m.add_function(wrap_pyfunction!(init_frame_counting, m)?)?;
     m.add_function(wrap_pyfunction!(accelerate_class, m)?)?;
     m.add_function(wrap_pyfunction!(restore_class, m)?)?;
     m.add_function(wrap_pyfunction!(is_accelerated_class, m)?)?;

@@ -443,13 +443,6 @@ def test_forward_hooks_run_torch_code() -> None:
     assert seen == [torch.Size([1, 3, 3, 3])]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the native module call itself (module_call.rs) runs forward without "
-    "_wrapped_call_impl/_call_impl frames, so F.softmax's stacklevel=5 lands one "
-    "frame further out; the layer hands dim=None to torch's forward, but the call "
-    "path's frames are not the layer's to restore",
-)
 def test_softmax_dim_none_warns_where_stock_does() -> None:
     def go(accelerate: bool) -> Any:
         m = nn.Softmax()

@@ -1,5 +1,8 @@
 """Native core of fastmodule (private; use :mod:`fastmodule`)."""
 
+from collections.abc import Callable
+from types import CodeType
+
 def init(fast_module: type, off: list[str] = ...) -> None:
     """Capture torch's originals and install the slots on ``fast_module``; the
     paths in ``off`` ("call", "getattr", "registration") stay torch's."""
@@ -102,6 +105,9 @@ def init_layers(config: dict[str, object]) -> None:
 
 def init_runtime(config: dict[str, object]) -> None:
     """Capture torch's grad-mode, mode and ``torch.__future__`` accessors."""
+
+def init_frame_counting(classify: Callable[[CodeType], int]) -> None:
+    """Register ``fastmodule.frame_counting.classify`` with the call path."""
 
 def init_containers(config: dict[str, object]) -> None:
     """Serve torch's ModuleList/Sequential/ModuleDict protocol methods natively."""

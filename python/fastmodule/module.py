@@ -17,6 +17,7 @@ from fastmodule import (
     verification,
     walks,
 )
+from fastmodule import frame_counting as _frame_counting  # noqa: F401 - registers it
 from fastmodule import hook_dispatch as _hook_dispatch  # noqa: F401 - switches it on
 from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
 

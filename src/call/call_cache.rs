@@ -8,6 +8,7 @@
 //! without touching either — the contents of the hook dicts, tracing state,
 //! the global hooks — are still read on every call. Pointers are borrowed: the
 //! unchanged dict/class keep them alive.
+use crate::call::frames::Frames;
 use crate::cpython::capi;
 use crate::cpython::validity::{dict_version, Key};
 use std::cell::UnsafeCell;
@@ -21,6 +22,8 @@ pub struct Entry {
     /// The class's Python function `forward`; null when the entry was stored
     /// by a call that handed over (its forward not looked up).
     pub forward: *mut capi::PyObject,
+    /// What that `forward` needs of torch's call frames.
+    pub frames: Frames,
     /// What a native torch layer (`crate::call::layers`) read from the instance,
     /// valid with the entry (and `reg`'s version where `reg` is set).
     pub leaf: Leaf,
@@ -76,6 +79,7 @@ const EMPTY: Entry = Entry {
     key: Key::EMPTY,
     hooks: [std::ptr::null_mut(); 7],
     forward: std::ptr::null_mut(),
+    frames: Frames::None,
     leaf: NO_LEAF,
 };
 
@@ -108,13 +112,15 @@ pub unsafe fn lookup(tp: *mut capi::PyTypeObject, dict: *mut capi::PyObject) -> 
 /// Remember a fully checked call decision (`_compiled_call_impl` None, hook
 /// registries found plainly) and, for a fast call, its `forward` (instance
 /// forward absent, class forward a Python function); `forward` null for a
-/// call that handed over.
+/// call that handed over; `frames`: what that forward needs of torch's
+/// call frames.
 #[inline(always)]
 pub unsafe fn store(
     tp: *mut capi::PyTypeObject,
     dict: *mut capi::PyObject,
     hooks: [*mut capi::PyObject; 7],
     forward: *mut capi::PyObject,
+    frames: Frames,
 ) -> *mut Entry {
     if !crate::cpython::validity::caches_on() || capi::PyDict_CheckExact(dict) == 0 {
         return std::ptr::null_mut();
@@ -132,6 +138,7 @@ pub unsafe fn store(
         key,
         hooks,
         forward,
+        frames,
         leaf: NO_LEAF,
     };
     slot as *mut Entry

@@ -12,6 +12,7 @@
 //! the vectorcall of torch's `_wrapped_call_impl` function (reached when the
 //! slot was reset by a patch of `nn.Module.__call__`, or when code calls
 //! `nn.Module.__call__` explicitly); the latter also re-installs the slot.
+use crate::call::frames::Frames;
 use crate::cpython::capi;
 use crate::cpython::private_api::custom_eval_frame;
 use crate::cpython::type_cache::type_lookup;
@@ -46,6 +47,7 @@ pub enum Why {
     GlobalBackwardHooks,
     UnusualHookRegistry,
     ForwardHooksOff,
+    CountsFrames,
 }
 
 impl Why {
@@ -72,6 +74,11 @@ impl Why {
             Why::ForwardHooksOff => {
                 "it has forward hooks (its own or global ones) and the native hook dispatch \
                  is off: fastmodule.diagnostics() says why"
+            }
+            Why::CountsFrames => {
+                "its forward is torch's and counts its caller's frames (a warning's \
+                 stacklevel; for the softmax family only while dim is None), so torch's \
+                 call frames are kept"
             }
         }
     }
@@ -294,7 +301,8 @@ unsafe fn find_forward(
 }
 
 /// `self.forward(*args, **kwargs)` with `self.forward` resolved as
-/// `object.__getattribute__` would, but without creating a bound method.
+/// `object.__getattribute__` would, but without creating a bound method;
+/// None (before any code ran) for a forward that needs torch's call frames.
 unsafe fn call_forward(
     g: &Globals,
     slf: *mut capi::PyObject,
@@ -302,27 +310,33 @@ unsafe fn call_forward(
     dict: *mut capi::PyObject,
     args: Args,
     hooks: &Hooks,
-) -> *mut capi::PyObject {
+) -> Option<*mut capi::PyObject> {
     let f = match find_forward(g, tp, dict) {
         Ok(Found::Instance(inst)) => {
             capi::Py_INCREF(inst);
             let r = args.call(inst);
             capi::Py_DECREF(inst);
-            return r;
+            return Some(r);
         }
         Ok(Found::ClassFunction(descr)) => {
-            let entry = crate::call::call_cache::store(tp, dict, *hooks, descr);
-            return call_function(descr, slf, args, entry);
+            let Ok(frames) = crate::call::frames::of(descr) else {
+                return Some(std::ptr::null_mut());
+            };
+            let entry = crate::call::call_cache::store(tp, dict, *hooks, descr, frames);
+            if crate::call::frames::needed(frames, slf) {
+                return None;
+            }
+            return Some(call_function(descr, slf, args, entry));
         }
         Ok(Found::Generic) => capi::PyObject_GetAttr(slf, g.names.forward),
-        Err(()) => return std::ptr::null_mut(),
+        Err(()) => return Some(std::ptr::null_mut()),
     };
     if f.is_null() {
-        return f;
+        return Some(f);
     }
     let r = args.call(f);
     capi::Py_DECREF(f);
-    r
+    Some(r)
 }
 
 /// `forward_call` of `_call_impl`: `self.forward`, read once before any
@@ -384,6 +398,8 @@ unsafe fn star_call(
 /// `_call_impl` holds them (a tuple and a fresh kwargs dict), then
 /// `crate::call::hooks_dispatch`. The call cache remembers the instance as
 /// the fast path does (the hooks' contents are read live on every call).
+/// None (before any code ran): torch's `_wrapped_call_impl` runs the call,
+/// for a forward that needs torch's call frames.
 unsafe fn call_hooked(
     g: &Globals,
     slf: *mut capi::PyObject,
@@ -391,29 +407,35 @@ unsafe fn call_hooked(
     dict: *mut capi::PyObject,
     args: Args,
     hooks: &Hooks,
-) -> *mut capi::PyObject {
-    let Some(s) = hook_support::get() else {
-        return args.call_with_self(g.orig.call, slf);
-    };
+) -> Option<*mut capi::PyObject> {
+    let s = hook_support::get()?;
     let forward = match find_forward(g, tp, dict) {
         Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
         Ok(Found::ClassFunction(f)) => {
-            crate::call::call_cache::store(tp, dict, *hooks, f);
+            let Ok(frames) = crate::call::frames::of(f) else {
+                return Some(std::ptr::null_mut());
+            };
+            crate::call::call_cache::store(tp, dict, *hooks, f, frames);
+            if crate::call::frames::needed(frames, slf) {
+                return None;
+            }
             ForwardCall::Function(Owned::new_ref(f))
         }
         Ok(Found::Generic) => {
             match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
                 Some(f) => ForwardCall::Object(f),
-                None => return std::ptr::null_mut(),
+                None => return Some(std::ptr::null_mut()),
             }
         }
-        Err(()) => return std::ptr::null_mut(),
+        Err(()) => return Some(std::ptr::null_mut()),
     };
     let Ok((a, k)) = args.tuple_and_dict() else {
-        return std::ptr::null_mut();
+        return Some(std::ptr::null_mut());
     };
     let instance = crate::call::hooks_dispatch::Instance::new(slf, tp, dict, *hooks);
-    crate::call::hooks_dispatch::call(s, &instance, forward, a, k)
+    Some(crate::call::hooks_dispatch::call(
+        s, &instance, forward, a, k,
+    ))
 }
 
 /// `func(self, *args)` for a class-level Python function `forward`;
@@ -449,27 +471,27 @@ unsafe fn fast_call(
     let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     if let Some(e) = crate::call::call_cache::lookup(tp, dict) {
-        let (hooks, forward) = ((*e).hooks, (*e).forward);
+        let (hooks, forward, frames) = ((*e).hooks, (*e).forward, (*e).frames);
         return match live(g, &hooks) {
             // An entry stored when the call handed over has no forward yet.
-            Decision::Forward if forward.is_null() => {
-                Some(call_forward(g, slf, tp, dict, args, &hooks))
-            }
+            Decision::Forward if forward.is_null() => call_forward(g, slf, tp, dict, args, &hooks),
+            Decision::Forward if crate::call::frames::needed(frames, slf) => None,
             Decision::Forward => Some(call_function(forward, slf, args, e)),
-            Decision::Hooks => Some(call_hooked(g, slf, tp, dict, args, &hooks)),
+            Decision::Hooks => call_hooked(g, slf, tp, dict, args, &hooks),
             Decision::Stock(_) => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
     }
     let decision = match resolve(g, tp, dict) {
         Ok(hooks) => match live(g, &hooks) {
-            Decision::Forward => return Some(call_forward(g, slf, tp, dict, args, &hooks)),
-            Decision::Hooks => return Some(call_hooked(g, slf, tp, dict, args, &hooks)),
+            Decision::Forward => return call_forward(g, slf, tp, dict, args, &hooks),
+            Decision::Hooks => return call_hooked(g, slf, tp, dict, args, &hooks),
             other => {
                 // What `resolve` read holds while the dict and class are
                 // unchanged: the next hand-over (a module with backward
                 // hooks, say) skips it, so it costs no more than stock's.
-                crate::call::call_cache::store(tp, dict, hooks, std::ptr::null_mut());
+                let null = std::ptr::null_mut();
+                crate::call::call_cache::store(tp, dict, hooks, null, Frames::None);
                 other
             }
         },
@@ -487,12 +509,19 @@ unsafe fn fast_call(
 /// a fastmodule instance whose class resolves `__call__` to torch's.
 pub unsafe fn handover_reason(g: &Globals, slf: *mut capi::PyObject) -> Result<Option<Why>, ()> {
     let tp = capi::Py_TYPE(slf);
-    let decision = match resolve(g, tp, instance_dict(slf)) {
+    let dict = instance_dict(slf);
+    let decision = match resolve(g, tp, dict) {
         Ok(hooks) => live(g, &hooks),
         Err(other) => other,
     };
     match decision {
-        Decision::Forward | Decision::Hooks => Ok(None),
+        Decision::Forward | Decision::Hooks => match find_forward(g, tp, dict)? {
+            Found::ClassFunction(f) => {
+                let frames = crate::call::frames::of(f)?;
+                Ok(crate::call::frames::needed(frames, slf).then_some(Why::CountsFrames))
+            }
+            Found::Instance(_) | Found::Generic => Ok(None),
+        },
         Decision::Stock(why) => Ok(Some(why)),
         Decision::Error => Err(()),
     }

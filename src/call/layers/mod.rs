@@ -234,3 +234,20 @@ pub(super) unsafe fn remember_plain(
     };
     set_leaf(entry, dict, leaf);
 }
+
+/// Is `slf.<name>` None, or not readable without running code (torch's code
+/// then reads it itself)? Runs no Python code and leaves no exception set.
+pub unsafe fn attr_is_none_or_unknown(slf: *mut capi::PyObject, name: *mut capi::PyObject) -> bool {
+    match table::read(slf, name) {
+        None => true,
+        Some(v) if v.is_null() => {
+            capi::PyErr_Clear();
+            true
+        }
+        Some(v) => {
+            let none = v == capi::Py_None();
+            capi::Py_DECREF(v);
+            none
+        }
+    }
+}
