@@ -3,20 +3,16 @@
 //! `fastmodule.hook_dispatch` (only after torch's `_call_impl` and the
 //! functions it calls were verified). Until then, or if it never comes,
 //! a module call with hooks runs torch's `_call_impl`.
-use crate::cpython::validity::{caches_on, dict_version, Checked};
+use crate::cpython::validity::Checked;
 use crate::cpython::{capi, Owned};
 use crate::torch_api::compiling::{self, Compiling};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use std::cell::Cell;
 use std::sync::OnceLock;
 
 pub struct HookSupport {
     pub compiling: Compiling,
-    /// The four module globals the dispatch reads, as of a version of
-    /// module.py's globals (borrowed: the unchanged dict keeps them alive).
-    globals_seen: Cell<(u64, [*mut capi::PyObject; 4])>,
     /// `torch.nn.modules.module.__dict__`: its globals (the global hook
     /// dicts) and where its warnings are registered.
     pub module_globals: *mut capi::PyObject,
@@ -39,22 +35,20 @@ pub struct Names {
     pub forward_pre_hooks_with_kwargs: *mut capi::PyObject,
     pub forward_hooks_with_kwargs: *mut capi::PyObject,
     pub forward_hooks_always_called: *mut capi::PyObject,
-    pub global_forward_pre_hooks: *mut capi::PyObject,
-    pub global_forward_hooks: *mut capi::PyObject,
-    pub global_forward_hooks_with_kwargs: *mut capi::PyObject,
-    pub global_forward_hooks_always_called: *mut capi::PyObject,
     pub items: *mut capi::PyObject,
     pub dunder_name: *mut capi::PyObject,
     pub warning_registry: *mut capi::PyObject,
 }
 
-/// The module.py globals `_call_impl` reads on the way to the forward hooks.
+/// The module.py globals `_call_impl` reads on the way to the forward hooks,
+/// each numbered by its place in `crate::torch_api::hooks::hook_globals`'
+/// answer (after the two backward-hook dicts).
 #[derive(Clone, Copy)]
 pub enum GlobalName {
-    PreHooks,
-    Hooks,
-    WithKwargs,
-    AlwaysCalled,
+    Hooks = 2,
+    PreHooks = 3,
+    WithKwargs = 4,
+    AlwaysCalled = 5,
 }
 
 // SAFETY: strong references kept for the life of the process, read with the GIL.
@@ -81,7 +75,6 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let code =
         |k: &str| -> PyResult<*mut capi::PyObject> { Ok(get(k)?.getattr("__code__")?.into_ptr()) };
     let support = HookSupport {
-        globals_seen: Cell::new((0, [std::ptr::null_mut(); 4])),
         compiling: Compiling {
             module_globals: ptr("module_globals")?,
             torch: ptr("torch")?,
@@ -117,10 +110,6 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             forward_pre_hooks_with_kwargs: intern("_forward_pre_hooks_with_kwargs"),
             forward_hooks_with_kwargs: intern("_forward_hooks_with_kwargs"),
             forward_hooks_always_called: intern("_forward_hooks_always_called"),
-            global_forward_pre_hooks: intern("_global_forward_pre_hooks"),
-            global_forward_hooks: intern("_global_forward_hooks"),
-            global_forward_hooks_with_kwargs: intern("_global_forward_hooks_with_kwargs"),
-            global_forward_hooks_always_called: intern("_global_forward_hooks_always_called"),
             items: intern("items"),
             dunder_name: intern("__name__"),
             warning_registry: intern("__warningregistry__"),
@@ -132,37 +121,22 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
 
 impl HookSupport {
     /// A global of module.py, read as `_call_impl` reads it: from the
-    /// remembered reads while module.py's globals are unchanged, else looked
-    /// up (and remembered when all four are plain entries of a quiet dict).
+    /// remembered reads while module.py's globals are unchanged
+    /// (`crate::torch_api::hooks::hook_globals`), else looked up as Python
+    /// does.
     #[inline(always)]
     pub unsafe fn global(&self, which: GlobalName) -> Result<Owned, ()> {
-        let g = self.module_globals;
-        let (seen, ptrs) = self.globals_seen.get();
-        let version = dict_version(g);
-        if caches_on() && version != 0 && version == seen {
-            return Ok(Owned::new_ref(ptrs[which as usize]));
-        }
-        let n = &self.names;
-        let names = [
-            n.global_forward_pre_hooks,
-            n.global_forward_hooks,
-            n.global_forward_hooks_with_kwargs,
-            n.global_forward_hooks_always_called,
-        ];
-        if caches_on() && crate::cpython::quiet::dict(g) {
-            let mut found = [std::ptr::null_mut(); 4];
-            for (slot, &name) in found.iter_mut().zip(names.iter()) {
-                *slot = capi::PyDict_GetItemWithError(g, name);
-            }
-            if found.iter().all(|p| !p.is_null()) {
-                self.globals_seen.set((version, found));
-                return Ok(Owned::new_ref(found[which as usize]));
-            }
-            if !capi::PyErr_Occurred().is_null() {
-                return Err(());
+        let Some(g) = crate::torch_api::originals::globals() else {
+            crate::torch_api::errors::not_initialised();
+            return Err(());
+        };
+        let i = which as usize;
+        match crate::torch_api::hooks::hook_globals(g)? {
+            Some(found) => Ok(Owned::new_ref(found[i])),
+            None => {
+                crate::cpython::load_global::load_global(g.module_globals, g.names.global_hooks[i])
             }
         }
-        crate::cpython::load_global::load_global(g, names[which as usize])
     }
 
     /// `a, b = pair` for anything but an exact 2-tuple.

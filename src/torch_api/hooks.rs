@@ -1,7 +1,7 @@
 //! The module-level hook dicts of `torch.nn.modules.module`.
 //!
 //! `_call_impl` reads `_global_forward_hooks` & co. as module globals on every
-//! call. We do the same, but skip the four dict lookups while the module's
+//! call. We do the same, but skip the dict lookups while the module's
 //! globals dict is unchanged (its version tag moves on any insertion,
 //! deletion or rebinding). The dicts' contents are always read live.
 use crate::cpython::{capi, Owned};
@@ -9,9 +9,12 @@ use crate::torch_api::hook_support::HookSupport;
 use crate::torch_api::originals::Globals;
 use std::cell::Cell;
 
+/// module.py's hook globals as of one version of its globals dict
+/// (borrowed: the unchanged dict keeps them alive), in
+/// `Globals::names.global_hooks`'s order.
 struct Cache {
     version: Cell<u64>,
-    dicts: Cell<[*mut capi::PyObject; 4]>,
+    dicts: Cell<[*mut capi::PyObject; 6]>,
 }
 
 // SAFETY: only touched with the GIL held.
@@ -19,10 +22,42 @@ unsafe impl Sync for Cache {}
 
 static CACHE: Cache = Cache {
     version: Cell::new(0),
-    dicts: Cell::new([std::ptr::null_mut(); 4]),
+    dicts: Cell::new([std::ptr::null_mut(); 6]),
 };
 
 use crate::cpython::validity::dict_version as version;
+
+/// module.py's six hook globals (borrowed), remembered while its globals dict
+/// keeps its version; None when one is missing or the dict is not quiet (a
+/// non-str key could run code during the lookups: the caller reads them as
+/// Python does then); Err(()) with a Python exception set.
+#[inline(always)]
+pub unsafe fn hook_globals(g: &Globals) -> Result<Option<[*mut capi::PyObject; 6]>, ()> {
+    let v = version(g.module_globals);
+    if v != 0 && v == CACHE.version.get() {
+        return Ok(Some(CACHE.dicts.get()));
+    }
+    if !crate::cpython::quiet::dict(g.module_globals) {
+        return Ok(None);
+    }
+    let mut dicts = [std::ptr::null_mut(); 6];
+    for (slot, &name) in dicts.iter_mut().zip(g.names.global_hooks.iter()) {
+        let h = capi::PyDict_GetItemWithError(g.module_globals, name);
+        if h.is_null() {
+            return if capi::PyErr_Occurred().is_null() {
+                Ok(None)
+            } else {
+                Err(())
+            };
+        }
+        *slot = h;
+    }
+    if v != 0 {
+        CACHE.dicts.set(dicts);
+        CACHE.version.set(v);
+    }
+    Ok(Some(dicts))
+}
 
 /// What the four global call-hook dicts hold, as the module call needs to
 /// know it.
@@ -44,32 +79,11 @@ pub enum GlobalHooks {
 /// `_global_forward_pre_hooks`), read live.
 #[inline(always)]
 pub unsafe fn global_call_hooks(g: &Globals) -> Result<GlobalHooks, ()> {
-    let v = version(g.module_globals);
-    if v == 0 || v != CACHE.version.get() {
-        // A non-str key in the module's globals could run code during the
-        // lookups below: torch's code reads them then.
-        if !crate::cpython::quiet::dict(g.module_globals) {
-            return Ok(GlobalHooks::Unusual);
-        }
-        let mut dicts = [std::ptr::null_mut(); 4];
-        for (slot, &name) in dicts.iter_mut().zip(g.names.global_hooks.iter()) {
-            let h = capi::PyDict_GetItemWithError(g.module_globals, name);
-            if h.is_null() {
-                return if capi::PyErr_Occurred().is_null() {
-                    Ok(GlobalHooks::Unusual)
-                } else {
-                    Err(())
-                };
-            }
-            *slot = h;
-        }
-        // Borrowed: the module's globals keep them alive until the version
-        // changes, and we re-read them then.
-        CACHE.dicts.set(dicts);
-        CACHE.version.set(v);
-    }
+    let Some(dicts) = hook_globals(g)? else {
+        return Ok(GlobalHooks::Unusual);
+    };
     let mut lens = [0isize; 4];
-    for (len, h) in lens.iter_mut().zip(CACHE.dicts.get()) {
+    for (len, &h) in lens.iter_mut().zip(dicts.iter()) {
         match hook_dict_len(h, g.odict) {
             Some(n) => *len = n,
             None => return Ok(GlobalHooks::Unusual),

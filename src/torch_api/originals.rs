@@ -25,8 +25,10 @@ pub struct Names {
     /// (`_forward_pre_hooks_with_kwargs`, `_forward_hooks_with_kwargs`,
     /// `_forward_hooks_always_called`).
     pub hook_sets: [*mut capi::PyObject; 3],
-    /// The 4 module-level hook dicts `_call_impl` tests.
-    pub global_hooks: [*mut capi::PyObject; 4],
+    /// The module-level hook globals `_call_impl` reads: the 4 dicts it
+    /// tests, then the 2 forward-hook id dicts (`with_kwargs`,
+    /// `always_called`) the hook dispatch asks about.
+    pub global_hooks: [*mut capi::PyObject; 6],
     pub global_param_reg_hooks: *mut capi::PyObject,
     pub global_module_reg_hooks: *mut capi::PyObject,
     pub global_buffer_reg_hooks: *mut capi::PyObject,
@@ -170,6 +172,8 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
             intern(py, "_global_backward_hooks"),
             intern(py, "_global_forward_hooks"),
             intern(py, "_global_forward_pre_hooks"),
+            intern(py, "_global_forward_hooks_with_kwargs"),
+            intern(py, "_global_forward_hooks_always_called"),
         ],
         global_param_reg_hooks: intern(py, "_global_parameter_registration_hooks"),
         global_module_reg_hooks: intern(py, "_global_module_registration_hooks"),

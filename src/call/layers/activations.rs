@@ -122,7 +122,9 @@ pub(super) unsafe fn unary(l: &Layer, input: Obj) -> Option<Obj> {
 
 /// `F.softmax(input, self.dim, _stacklevel=5)`, with `F.softmax`'s body for a
 /// given `dim` (and its default `dtype=None`). `dim=None` makes `F.softmax`
-/// warn with a stack level counted in frames: torch's `forward` runs.
+/// warn with a stack level counted in frames: such a call runs torch's
+/// `_wrapped_call_impl` (`crate::call::frames`); should `dim` become None
+/// after that check (a pre-hook), torch's `forward` runs here.
 pub(super) unsafe fn softmax(l: &Layer, c: &Common, kw: &Kw, slf: Obj, input: Obj) -> Option<Obj> {
     let dim = get!(slf, c.s.dim);
     if dim.0 == none() {
