@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import tracemalloc
+import warnings
 import weakref
 from typing import Any
 
@@ -196,3 +197,29 @@ def test_refcounts_flat_over_native_layers() -> None:
                     reflect(x)
             gc.collect()
             assert [sys.getrefcount(o) for o in watched] == before
+
+
+def test_refcounts_flat_over_frame_counting_handovers() -> None:
+    """Calls that keep torch's call frames (``src/call/frames.rs``): handed over
+    from the call slot, from ``nn.Module.__call__`` and from a hooked call, each
+    decided from the call cache after the first."""
+    softmax = nn.Softmax()
+    norm = nn.InstanceNorm1d(3)
+    hooked = nn.Softmax()
+    hooked.register_forward_hook(lambda mod, args, out: None)
+    x = torch.randn(2, 3, 4)
+    watched = [x, softmax, norm, hooked, nn.Softmax.forward.__code__]
+    with (
+        warnings.catch_warnings(),
+        fastmodule.accelerated(softmax),
+        fastmodule.accelerated(norm),
+        fastmodule.accelerated(hooked),
+    ):
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            softmax(x), norm(x), hooked(x), nn.Module.__call__(softmax, x)
+        before = [sys.getrefcount(o) for o in watched]
+        for _ in range(2000):
+            softmax(x), norm(x), hooked(x), nn.Module.__call__(softmax, x)
+        gc.collect()
+        assert [sys.getrefcount(o) for o in watched] == before

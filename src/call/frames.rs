@@ -100,11 +100,16 @@ pub unsafe fn needed(frames: Frames, slf: *mut capi::PyObject) -> bool {
     match frames {
         Frames::None => false,
         Frames::Always => true,
-        Frames::WhenDimNone => {
-            let Some(s) = SUPPORT.get() else {
-                return true;
-            };
-            crate::call::layers::attr_is_none_or_unknown(slf, s.dim)
-        }
+        Frames::WhenDimNone => dim_is_none(slf),
     }
+}
+
+/// Kept out of the module call's hot code: only the softmax family asks.
+#[cold]
+#[inline(never)]
+unsafe fn dim_is_none(slf: *mut capi::PyObject) -> bool {
+    let Some(s) = SUPPORT.get() else {
+        return true;
+    };
+    crate::call::layers::attr_is_none_or_unknown(slf, s.dim)
 }

@@ -189,6 +189,7 @@ enum Args {
 
 impl Args {
     /// `func(self, *args, **kwargs)`.
+    #[inline(always)]
     unsafe fn call_with_self(
         self,
         func: *mut capi::PyObject,
@@ -303,6 +304,8 @@ unsafe fn find_forward(
 /// `self.forward(*args, **kwargs)` with `self.forward` resolved as
 /// `object.__getattribute__` would, but without creating a bound method;
 /// None (before any code ran) for a forward that needs torch's call frames.
+/// Out of line: the first call of an instance (the next are cached).
+#[inline(never)]
 unsafe fn call_forward(
     g: &Globals,
     slf: *mut capi::PyObject,
@@ -399,7 +402,8 @@ unsafe fn star_call(
 /// `crate::call::hooks_dispatch`. The call cache remembers the instance as
 /// the fast path does (the hooks' contents are read live on every call).
 /// None (before any code ran): torch's `_wrapped_call_impl` runs the call,
-/// for a forward that needs torch's call frames.
+/// for a forward that needs torch's call frames. `cached`: the class
+/// function `forward` and what it needs, from a valid call cache entry.
 unsafe fn call_hooked(
     g: &Globals,
     slf: *mut capi::PyObject,
@@ -407,27 +411,36 @@ unsafe fn call_hooked(
     dict: *mut capi::PyObject,
     args: Args,
     hooks: &Hooks,
+    cached: Option<(*mut capi::PyObject, Frames)>,
 ) -> Option<*mut capi::PyObject> {
     let s = hook_support::get()?;
-    let forward = match find_forward(g, tp, dict) {
-        Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
-        Ok(Found::ClassFunction(f)) => {
-            let Ok(frames) = crate::call::frames::of(f) else {
-                return Some(std::ptr::null_mut());
-            };
-            crate::call::call_cache::store(tp, dict, *hooks, f, frames);
+    let forward = match cached {
+        Some((f, frames)) => {
             if crate::call::frames::needed(frames, slf) {
                 return None;
             }
             ForwardCall::Function(Owned::new_ref(f))
         }
-        Ok(Found::Generic) => {
-            match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
-                Some(f) => ForwardCall::Object(f),
-                None => return Some(std::ptr::null_mut()),
+        None => match find_forward(g, tp, dict) {
+            Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
+            Ok(Found::ClassFunction(f)) => {
+                let Ok(frames) = crate::call::frames::of(f) else {
+                    return Some(std::ptr::null_mut());
+                };
+                crate::call::call_cache::store(tp, dict, *hooks, f, frames);
+                if crate::call::frames::needed(frames, slf) {
+                    return None;
+                }
+                ForwardCall::Function(Owned::new_ref(f))
             }
-        }
-        Err(()) => return Some(std::ptr::null_mut()),
+            Ok(Found::Generic) => {
+                match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
+                    Some(f) => ForwardCall::Object(f),
+                    None => return Some(std::ptr::null_mut()),
+                }
+            }
+            Err(()) => return Some(std::ptr::null_mut()),
+        },
     };
     let Ok((a, k)) = args.tuple_and_dict() else {
         return Some(std::ptr::null_mut());
@@ -477,7 +490,10 @@ unsafe fn fast_call(
             Decision::Forward if forward.is_null() => call_forward(g, slf, tp, dict, args, &hooks),
             Decision::Forward if crate::call::frames::needed(frames, slf) => None,
             Decision::Forward => Some(call_function(forward, slf, args, e)),
-            Decision::Hooks => call_hooked(g, slf, tp, dict, args, &hooks),
+            Decision::Hooks => {
+                let cached = (!forward.is_null()).then_some((forward, frames));
+                call_hooked(g, slf, tp, dict, args, &hooks, cached)
+            }
             Decision::Stock(_) => None,
             Decision::Error => Some(std::ptr::null_mut()),
         };
@@ -485,7 +501,7 @@ unsafe fn fast_call(
     let decision = match resolve(g, tp, dict) {
         Ok(hooks) => match live(g, &hooks) {
             Decision::Forward => return call_forward(g, slf, tp, dict, args, &hooks),
-            Decision::Hooks => return call_hooked(g, slf, tp, dict, args, &hooks),
+            Decision::Hooks => return call_hooked(g, slf, tp, dict, args, &hooks, None),
             other => {
                 // What `resolve` read holds while the dict and class are
                 // unchanged: the next hand-over (a module with backward

@@ -33,10 +33,22 @@ use crate::cpython::validity::dict_version as version;
 /// Python does then); Err(()) with a Python exception set.
 #[inline(always)]
 pub unsafe fn hook_globals(g: &Globals) -> Result<Option<[*mut capi::PyObject; 6]>, ()> {
-    let v = version(g.module_globals);
-    if v != 0 && v == CACHE.version.get() {
-        return Ok(Some(CACHE.dicts.get()));
+    match remembered(g) {
+        Some(dicts) => Ok(Some(*dicts)),
+        None => look_up(g),
     }
+}
+
+/// The remembered globals, in place, while module.py's globals keep the
+/// version they had when read (no Python code may run while it is used).
+#[inline(always)]
+unsafe fn remembered(g: &Globals) -> Option<&'static [*mut capi::PyObject; 6]> {
+    let v = version(g.module_globals);
+    (v != 0 && v == CACHE.version.get()).then(|| &*CACHE.dicts.as_ptr())
+}
+
+#[inline(never)]
+unsafe fn look_up(g: &Globals) -> Result<Option<[*mut capi::PyObject; 6]>, ()> {
     if !crate::cpython::quiet::dict(g.module_globals) {
         return Ok(None);
     }
@@ -52,6 +64,7 @@ pub unsafe fn hook_globals(g: &Globals) -> Result<Option<[*mut capi::PyObject; 6
         }
         *slot = h;
     }
+    let v = version(g.module_globals);
     if v != 0 {
         CACHE.dicts.set(dicts);
         CACHE.version.set(v);
@@ -79,8 +92,16 @@ pub enum GlobalHooks {
 /// `_global_forward_pre_hooks`), read live.
 #[inline(always)]
 pub unsafe fn global_call_hooks(g: &Globals) -> Result<GlobalHooks, ()> {
-    let Some(dicts) = hook_globals(g)? else {
-        return Ok(GlobalHooks::Unusual);
+    let fresh;
+    let dicts = match remembered(g) {
+        Some(dicts) => dicts,
+        None => match look_up(g)? {
+            Some(d) => {
+                fresh = d;
+                &fresh
+            }
+            None => return Ok(GlobalHooks::Unusual),
+        },
     };
     let mut lens = [0isize; 4];
     for (len, &h) in lens.iter_mut().zip(dicts.iter()) {
