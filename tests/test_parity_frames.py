@@ -171,3 +171,14 @@ def test_user_code_is_not_classified() -> None:
     assert frame_counting.classify(nn.Softmax2d.forward.__code__) == frame_counting.NONE
     assert frame_counting.classify(nn.InstanceNorm1d.forward.__code__) == frame_counting.ALWAYS
     assert frame_counting.classify(nn.Linear.forward.__code__) == frame_counting.NONE
+
+
+def test_check_reports_the_handover() -> None:
+    from fastmodule.tools.check import check
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Unflatten(1, (2, 2)), nn.InstanceNorm1d(2))
+    report = check(model, torch.ones(3, 4), timing=False, progress=False)
+    assert report.parity.identical
+    [handover] = report.calls.handovers
+    assert handover.cls == "InstanceNorm1d"
+    assert "counts its caller's frames" in handover.reason

@@ -275,6 +275,19 @@ def _unusual_dict(cls: type[nn.Module]) -> nn.Module:
     return m
 
 
+def _build_handover_frame_counting(device: torch.device) -> dict[str, Variant]:
+    """torch's ``InstanceNorm1d``, whose ``forward`` warns with a stack level:
+    fastmodule keeps torch's call frames for it (``fastmodule.frame_counting``)."""
+    stock, fast = nn.InstanceNorm1d(4), nn.InstanceNorm1d(4)
+    x = torch.randn(1, 4, 2)
+    context = _accelerated_context(fast)
+    return _three(
+        Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),
+        Variant("m(x)", {"m": fast, "x": x}, context),
+        Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),
+    )
+
+
 @contextlib.contextmanager
 def _global_backward_hook() -> Iterator[None]:
     was = module_py._global_is_full_backward_hook
@@ -356,6 +369,11 @@ HOOK_CASES: tuple[Case, ...] = (
         "handover_unusual_dict",
         "m(x) on a module whose __dict__ has a key that is not a str",
         _handover(_unusual_dict),
+    ),
+    Case(
+        "handover_frame_counting",
+        "m(x) on torch's InstanceNorm1d, whose forward counts its caller's frames",
+        _build_handover_frame_counting,
     ),
     Case(
         "handover_profile_function",
