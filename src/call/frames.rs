@@ -12,9 +12,11 @@
 //! Which code is which is `fastmodule.frame_counting`'s decision, asked once
 //! per code object and remembered here.
 use crate::cpython::{capi, Owned};
+use crate::instance::registries::AddressHasher;
 use pyo3::prelude::*;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::OnceLock;
 
 /// What a `forward` needs of torch's call frames.
@@ -42,7 +44,8 @@ static SUPPORT: OnceLock<Support> = OnceLock::new();
 /// Answers by code object; each key is kept alive by its `Owned`, so an
 /// address is never reused while it is a key. Bounded: code objects made at
 /// run time (fx's generated forwards) would otherwise accumulate.
-struct Memo(UnsafeCell<Option<HashMap<usize, (Owned, Frames)>>>);
+type Table = HashMap<usize, (Owned, Frames), BuildHasherDefault<AddressHasher>>;
+struct Memo(UnsafeCell<Option<Table>>);
 // SAFETY: read and written only with the GIL held.
 unsafe impl Sync for Memo {}
 static MEMO: Memo = Memo(UnsafeCell::new(None));
@@ -67,7 +70,7 @@ pub unsafe fn of(func: *mut capi::PyObject) -> Result<Frames, ()> {
     if code.is_null() {
         return Err(());
     }
-    let memo = (*MEMO.0.get()).get_or_insert_with(HashMap::new);
+    let memo = (*MEMO.0.get()).get_or_insert_with(Table::default);
     if let Some((_, f)) = memo.get(&(code as usize)) {
         return Ok(*f);
     }
@@ -84,7 +87,7 @@ pub unsafe fn of(func: *mut capi::PyObject) -> Result<Frames, ()> {
         _ => Frames::Always,
     };
     // The call above ran Python code: take the table again.
-    let memo = (*MEMO.0.get()).get_or_insert_with(HashMap::new);
+    let memo = (*MEMO.0.get()).get_or_insert_with(Table::default);
     let full = (memo.len() >= MEMO_LIMIT).then(|| std::mem::take(memo));
     let old = memo.insert(code.as_ptr() as usize, (code, frames));
     // Released after the table is consistent: a weakref callback on a code
