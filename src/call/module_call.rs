@@ -301,6 +301,32 @@ unsafe fn find_forward(
     Ok(Found::Generic)
 }
 
+/// Why a call stops before `forward` runs.
+enum Stop {
+    /// torch's `_wrapped_call_impl` runs it: its forward needs torch's frames.
+    HandOver,
+    /// A Python exception is set.
+    Raised,
+}
+
+/// A class function `forward` just found for a native call: the call cache
+/// remembers it, with what it needs of torch's call frames (its entry, or
+/// null); Err before any code of the call ran.
+unsafe fn remember_forward(
+    slf: *mut capi::PyObject,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    hooks: &Hooks,
+    forward: *mut capi::PyObject,
+) -> Result<*mut crate::call::call_cache::Entry, Stop> {
+    let frames = crate::call::frames::of(forward).map_err(|()| Stop::Raised)?;
+    let entry = crate::call::call_cache::store(tp, dict, *hooks, forward, frames);
+    if crate::call::frames::needed(frames, slf) {
+        return Err(Stop::HandOver);
+    }
+    Ok(entry)
+}
+
 /// `self.forward(*args, **kwargs)` with `self.forward` resolved as
 /// `object.__getattribute__` would, but without creating a bound method;
 /// None (before any code ran) for a forward that needs torch's call frames.
@@ -322,14 +348,11 @@ unsafe fn call_forward(
             return Some(r);
         }
         Ok(Found::ClassFunction(descr)) => {
-            let Ok(frames) = crate::call::frames::of(descr) else {
-                return Some(std::ptr::null_mut());
+            return match remember_forward(slf, tp, dict, hooks, descr) {
+                Ok(entry) => Some(call_function(descr, slf, args, entry)),
+                Err(Stop::HandOver) => None,
+                Err(Stop::Raised) => Some(std::ptr::null_mut()),
             };
-            let entry = crate::call::call_cache::store(tp, dict, *hooks, descr, frames);
-            if crate::call::frames::needed(frames, slf) {
-                return None;
-            }
-            return Some(call_function(descr, slf, args, entry));
         }
         Ok(Found::Generic) => capi::PyObject_GetAttr(slf, g.names.forward),
         Err(()) => return Some(std::ptr::null_mut()),
@@ -423,16 +446,11 @@ unsafe fn call_hooked(
         }
         None => match find_forward(g, tp, dict) {
             Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
-            Ok(Found::ClassFunction(f)) => {
-                let Ok(frames) = crate::call::frames::of(f) else {
-                    return Some(std::ptr::null_mut());
-                };
-                crate::call::call_cache::store(tp, dict, *hooks, f, frames);
-                if crate::call::frames::needed(frames, slf) {
-                    return None;
-                }
-                ForwardCall::Function(Owned::new_ref(f))
-            }
+            Ok(Found::ClassFunction(f)) => match remember_forward(slf, tp, dict, hooks, f) {
+                Ok(_) => ForwardCall::Function(Owned::new_ref(f)),
+                Err(Stop::HandOver) => return None,
+                Err(Stop::Raised) => return Some(std::ptr::null_mut()),
+            },
             Ok(Found::Generic) => {
                 match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
                     Some(f) => ForwardCall::Object(f),
