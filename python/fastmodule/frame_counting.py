@@ -39,18 +39,11 @@ _FRAME_NAMES = frozenset({"_getframe", "currentframe", "_getframemodulename"})
 # torch's forwards whose only frame counting is the softmax family's
 # `_stacklevel=5`, passed with `self.dim` (warns only when it is None) or with
 # a constant dim (never warns).
-_DIM_NONE_CODES = frozenset(
-    id(cls.forward.__code__)
+_DIM_NONE_CODES = tuple(
+    cls.forward.__code__
     for cls in (_activation.Softmax, _activation.Softmin, _activation.LogSoftmax)
 )
-_CONSTANT_DIM_CODES = frozenset({id(_activation.Softmax2d.forward.__code__)})
-# The code objects behind those ids stay alive: their classes hold them.
-_KEPT = (
-    _activation.Softmax.forward,
-    _activation.Softmin.forward,
-    _activation.LogSoftmax.forward,
-    _activation.Softmax2d.forward,
-)
+_CONSTANT_DIM_CODES = (_activation.Softmax2d.forward.__code__,)
 
 
 def _constants(code: types.CodeType) -> Iterator[object]:
@@ -80,9 +73,9 @@ def classify(code: types.CodeType) -> int:
     """``NONE``, ``WHEN_DIM_NONE`` or ``ALWAYS`` for a ``forward``'s code."""
     if not code.co_filename.startswith(_TORCH_DIR) or not _counts_frames(code):
         return NONE
-    if id(code) in _DIM_NONE_CODES:
+    if any(code is c for c in _DIM_NONE_CODES):
         return WHEN_DIM_NONE
-    if id(code) in _CONSTANT_DIM_CODES:
+    if any(code is c for c in _CONSTANT_DIM_CODES):
         return NONE
     return ALWAYS
 
