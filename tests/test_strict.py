@@ -8,6 +8,7 @@ import inspect
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from torch import nn
 
 import fastmodule
 from fastmodule import StrictRegistrationError, StrictRegistrationWarning, strict
+from tests.conftest import outcome
 
 TORCH_SETATTR = nn.Module.__dict__["__setattr__"]
 
@@ -184,3 +186,146 @@ def test_run_strict(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "StrictRegistrationError: Net.layers" in proc.stderr
+
+
+# ------------------------------------------------- assignments before nn.Module.__init__
+
+#: What ``self.cfg = value`` before ``super().__init__()`` does in stock torch: ``ok``
+#: (kept as a plain attribute, the model builds) or torch's own error, type and text.
+BEFORE_INIT = {
+    "list": (lambda: [1, 2], None),
+    "int": (lambda: 3, None),
+    "none": (lambda: None, None),
+    "tensor": (lambda: torch.ones(2), None),
+    "list_of_module": (lambda: [nn.Linear(2, 2)], None),
+    "list_of_parameter": (lambda: [nn.Parameter(torch.ones(2))], None),
+    "dict_of_tensor": (lambda: {"k": torch.ones(2)}, None),
+    "module": (
+        lambda: nn.Linear(2, 2),
+        (AttributeError, "cannot assign module before Module.__init__() call"),
+    ),
+    "parameter": (
+        lambda: nn.Parameter(torch.ones(2)),
+        (AttributeError, "cannot assign parameters before Module.__init__() call"),
+    ),
+    "buffer": (
+        lambda: nn.Buffer(torch.ones(2)),
+        (AttributeError, "cannot assign buffer before Module.__init__() call"),
+    ),
+}
+
+
+def _early_net(base: type[nn.Module], make: object) -> type[nn.Module]:
+    class Net(base):  # type: ignore[misc, valid-type]
+        def __init__(self, early: bool = True) -> None:
+            if early:
+                self.cfg = make()  # type: ignore[operator]
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+    return Net
+
+
+def _described(m: nn.Module) -> tuple[object, ...]:
+    """A built model by where its values went: ``cfg``'s type and the registries."""
+    d = m.__dict__
+    cfg = type(d["cfg"]).__name__ if "cfg" in d else "<absent>"
+    return cfg, sorted(d["_modules"]), sorted(d["_parameters"]), sorted(d["_buffers"])
+
+
+def _checked_outcome(fn: Callable[[], object]) -> tuple[tuple[object, ...], list[str]]:
+    """``outcome(fn)`` (its value, or its exception's type and text) and the texts of
+    the strict warnings it emitted."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = outcome(fn)
+    return result, [str(w.message) for w in caught if w.category is StrictRegistrationWarning]
+
+
+@pytest.mark.parametrize("mode", ["plain", "accelerated", "installed"])
+@pytest.mark.parametrize("error", [False, True], ids=["warn", "error"])
+@pytest.mark.parametrize("variant", list(BEFORE_INIT))
+def test_assignment_before_init_is_stocks(
+    base: type[nn.Module], variant: str, error: bool, mode: str
+) -> None:
+    # Issue 31: strict raised AttributeError ('_modules') here; it must neither fail,
+    # report nor take the place of torch's own error.
+    make, torch_error = BEFORE_INIT[variant]
+    if torch_error is None:
+        expected: tuple[object, ...] = ("ok", (type(make()).__name__, ["fc"], [], []))
+    else:
+        expected = ("raised", *torch_error)
+    if mode == "installed":
+        fastmodule.install()
+    try:
+        net = _early_net(base, make)
+        if mode == "accelerated":
+            fastmodule.accelerate(net(early=False))
+        assert fastmodule.is_accelerated(net(early=False)) is (
+            mode != "plain" or base is not nn.Module
+        )
+        stock = _checked_outcome(lambda: _described(net()))
+        with strict(error=error):
+            checked = _checked_outcome(lambda: _described(net()))
+    finally:
+        if mode == "accelerated":
+            fastmodule.restore(net(early=False))
+        if mode == "installed":
+            fastmodule.uninstall()
+    assert stock == (expected, [])
+    assert checked == stock
+
+
+@pytest.mark.parametrize("error", [False, True], ids=["warn", "error"])
+def test_plain_list_after_init_still_reported(base: type[nn.Module], error: bool) -> None:
+    class Net(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.early = [nn.Linear(2, 2)]  # before __init__: not reported
+            super().__init__()
+            self.blocks = [nn.Linear(2, 2) for _ in range(2)]
+
+    if error:
+        with strict(error=True), pytest.raises(StrictRegistrationError) as raised:
+            Net()
+        message = str(raised.value)
+    else:
+        with strict():
+            caught = _caught(Net)
+        assert len(caught) == 1
+        message = str(caught[0].message)
+    assert "Net.blocks = a plain list with 2 modules" in message
+    assert "FM001" in message
+
+
+@pytest.mark.parametrize("error", [False, True], ids=["warn", "error"])
+def test_what_torch_registers_or_refuses_stays_torchs(base: type[nn.Module], error: bool) -> None:
+    # nn.Buffer is registered by torch; a value for a parameter's or child's name is
+    # refused with torch's TypeError: strict neither reports nor replaces that error.
+    class Net(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.kept = nn.Buffer(torch.ones(2))
+            self.dropped = nn.Buffer(torch.ones(2), persistent=False)
+
+    def assign(name: str, value: object) -> Callable[[], object]:
+        def run() -> object:
+            m = Net()
+            setattr(m, name, value)
+            return sorted(m._buffers), sorted(m._non_persistent_buffers_set)
+
+        return run
+
+    cases: list[Callable[[], object]] = [
+        assign("other", nn.Buffer(torch.zeros(1))),
+        assign("fc", torch.ones(1)),
+        assign("fc", [torch.ones(1)]),
+        assign("kept", [nn.Linear(1, 1)]),
+        lambda: setattr(nn.Linear(1, 1), "weight", [nn.Linear(1, 1)]),
+    ]
+    stock = [_checked_outcome(case) for case in cases]
+    with strict(error=error):
+        checked = [_checked_outcome(case) for case in cases]
+    assert checked == stock
+    assert stock[0] == (("ok", (["dropped", "kept", "other"], ["dropped"])), [])
+    assert [s[0][:2] for s in stock[1:]] == [("raised", TypeError)] * 4

@@ -15,6 +15,18 @@ modules keep derived values as plain attributes on purpose, e.g. ``weight_norm``
 recomputed weight or the RNNs' ``_flat_weights`` list), and a module or tensor already
 registered in the module's tree (an alias such as ``self.first = self.blocks[0]``
 inside a list) is not reported.
+
+Only a value torch itself keeps as a plain attribute is checked: strict never reports
+where torch registers the value (a module, a parameter, an ``nn.Buffer``, a buffer's or
+a registered name's new value) or raises its own error (a tensor or list assigned to a
+parameter's or child module's name, a module or parameter assigned before
+``nn.Module.__init__``), so what torch does, and the text of what it raises, stay
+torch's. An assignment made before ``nn.Module.__init__`` has run (``self.cfg = ...``
+ahead of ``super().__init__()``) is not reported whatever it holds: the module has no
+registries yet, nothing could have been registered there, and torch keeps (or refuses)
+the value exactly as it would without strict. A tensor or a list of modules left that
+way stays unregistered after ``__init__``; ``fastmodule.audit`` reports it on the
+finished model.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Any
 import torch
 
 from fastmodule.tools.audit.findings import KINDS
-from fastmodule.tools.audit.walk import contents
+from fastmodule.tools.audit.walk import contents, instance_dict
 
 __all__ = ["StrictRegistrationError", "StrictRegistrationWarning", "strict", "strict_enabled"]
 
@@ -139,29 +151,58 @@ def _warn_at(frame: types.FrameType, message: str) -> None:
     )
 
 
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
 def _registered(module: torch.nn.Module) -> set[int]:
-    """ids of every module, parameter and buffer registered in ``module``'s tree now."""
+    """ids of every module, parameter and buffer registered in ``module``'s tree now.
+
+    Walks the ``_modules`` registries in the instance dicts (no method of the user's
+    classes runs, and a child whose ``__init__`` has not run is only counted itself)."""
     seen: set[int] = set()
-    for m in module.modules():
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
         seen.add(id(m))
-        d = m.__dict__
-        for registry in ("_parameters", "_buffers"):
-            seen.update(id(t) for t in d.get(registry, {}).values() if t is not None)
+        d = instance_dict(m)
+        for registry in _REGISTRIES:
+            entries = d.get(registry)
+            if not isinstance(entries, dict):
+                continue
+            for v in dict.values(entries):
+                if v is None:
+                    continue
+                if registry == "_modules":
+                    stack.append(v)
+                else:
+                    seen.add(id(v))
     return seen
+
+
+def _kept_plain(d: dict[str, Any], name: str, value: Any) -> bool:
+    """Does ``torch.nn.Module.__setattr__`` keep ``value`` as a plain attribute (its
+    last branch)? Not where it registers the value, raises its own error, or the
+    module's ``__init__`` has not made the registries yet (nothing can be registered)."""
+    if isinstance(value, torch.nn.Module | torch.nn.Parameter | torch.nn.Buffer):
+        return False  # registered, or refused before __init__, by torch itself
+    for registry in _REGISTRIES:
+        entries = d.get(registry)
+        if not isinstance(entries, dict) or name in entries:
+            return False  # before __init__, or a registered name: torch's to handle
+    return True
 
 
 def _problem(self: torch.nn.Module, name: str, value: Any) -> str | None:
     """Why assigning ``value`` to ``self.name`` leaves something unregistered, or None."""
-    if isinstance(value, torch.nn.Module | torch.nn.Parameter) or value is None:
-        return None  # registered (or refused) by torch itself
-    d = self.__dict__
+    if not isinstance(value, torch.Tensor | list | tuple | dict | set | frozenset):
+        return None  # None, a module, a number, ...: nothing to look into
+    if not _kept_plain(instance_dict(self), name, value):
+        return None
     where = f"{type(self).__qualname__}.{name}"
     if isinstance(value, torch.Tensor):
-        if name in d.get("_buffers", {}) or name in d.get("_parameters", {}):
-            return None  # a buffer's new value, or torch's own error for a parameter
         return _message(where, f"a tensor of shape {tuple(value.shape)}", "FM005")
-    if not isinstance(value, list | tuple | dict | set | frozenset):
-        return None
     found = list(contents(name, value))
     if not found:
         return None
