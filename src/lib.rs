@@ -242,6 +242,14 @@ fn route_torch_methods(
     routes::whole_tree::install(py, bodies, copies)
 }
 
+/// Record the bodies of torch's `nn.Module.<name>` for `names`, as routed: the
+/// whole-tree paths stand aside once one of them has another `__code__` or
+/// other defaults.
+#[pyfunction]
+fn seal_torch_methods(py: Python<'_>, names: Vec<String>) -> PyResult<()> {
+    routes::whole_tree::seal(py, &names)
+}
+
 /// Make the Python function `func` answer, when called eagerly, whether
 /// torch's whole-tree method should run fastmodule's body for its argument;
 /// `namespace[flag]` is kept equal to "some class is accelerated in place".
@@ -358,6 +366,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(installed, m)?)?;
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
     m.add_function(wrap_pyfunction!(install_route_check, m)?)?;
+    m.add_function(wrap_pyfunction!(seal_torch_methods, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(init_containers, m)?)?;
     m.add_function(wrap_pyfunction!(init_frame_counting, m)?)?;

@@ -72,6 +72,11 @@ def install_route_check(func: object) -> None:
     """Make the Python function ``func``, called eagerly, answer whether torch's
     whole-tree method should run fastmodule's body for its argument."""
 
+def seal_torch_methods(names: list[str]) -> None:
+    """Record the bodies (code and defaults) of ``torch.nn.Module.<name>`` for
+    ``names`` as they are now; once one is replaced, whole-tree calls run torch's
+    code."""
+
 def init_load(config: dict[str, object]) -> None:
     """Capture torch's callables used by the native load walk."""
 

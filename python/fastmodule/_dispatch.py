@@ -39,6 +39,7 @@ from fastmodule.inline_routes import ROUTE, original_code
 
 __all__ = [
     "BODIES",
+    "REPRODUCED",
     "STOCK",
     "WALKED",
     "caller_stacklevel",
@@ -54,6 +55,20 @@ BODIES: dict[str, Callable[..., Any]] = {}
 #: name -> why torch's own ``nn.Module.<name>`` serves ``fastmodule.Module`` too
 #: (its native body is off: see :func:`torch_method`).
 STOCK: dict[str, str] = {}
+
+#: torch's ``nn.Module`` functions the native whole-tree bodies reproduce at each
+#: module beside those in :data:`BODIES` (each module's own step of a walk).
+REPRODUCED: tuple[str, ...] = (
+    "_named_members",
+    "named_modules",
+    "named_children",
+    "children",
+    "_save_to_state_dict",
+    "get_extra_state",
+    "_load_from_state_dict",
+    "set_extra_state",
+    "load_state_dict",
+)
 
 #: The methods whose body is exactly ``return _fastmodule_walk(name, self,
 #: <torch's parameters>)`` (``yield from`` for iterators): torch's prefixed code

@@ -113,3 +113,7 @@ if NATIVE:
     # Called from Python (CPython 3.11 skips the vectorcall; from 3.12 on it is not
     # routed at all, see inline_routes): a statement in front of torch's code.
     inline_routes.install(_dispatch.BODIES, _dispatch.WALKED)
+    # Their code as routed, and that of torch's functions the whole-tree bodies
+    # call or reproduce at every module: once one is replaced (hot reload, a test
+    # double), torch's code runs those calls.
+    _core.seal_torch_methods(sorted(set(_dispatch.BODIES) | set(_dispatch.REPRODUCED)))

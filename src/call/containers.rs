@@ -7,9 +7,11 @@
 //! the function's vectorcall, which is replaced here (as for torch's other
 //! functions, see `crate::registry::vectorcalls`). The bodies were checked at import
 //! (`fastmodule.layers`) to read exactly these names; a call that is not
-//! `f(self)` on a fast instance whose `_modules` is a plain dict runs
-//! torch's function.
+//! `f(self)` on a fast instance whose `_modules` is a plain dict, or a call
+//! after the function's `__code__` or defaults were replaced, runs the
+//! function's own code.
 use crate::cpython::capi;
+use crate::cpython::function_body::Body as FunctionBody;
 use crate::cpython::Owned;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
 use crate::instance::fast::is_fast_instance;
@@ -35,6 +37,9 @@ struct Entry {
     func: *mut capi::PyObject,
     original: capi::vectorcallfunc,
     body: Body,
+    /// torch's code and defaults, as verified: once replaced, the function's
+    /// own entry point runs the code it has now.
+    verified: FunctionBody,
 }
 struct Entries(Vec<Entry>);
 // SAFETY: strong references, used with the GIL held.
@@ -75,7 +80,12 @@ unsafe extern "C" fn served(
     let nargs = capi::PyVectorcall_NARGS(nargsf);
     let no_kw = kwnames.is_null() || capi::PyTuple_GET_SIZE(kwnames) == 0;
     if let Some(g) = globals() {
-        if nargs == 1 && no_kw && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
+        if nargs == 1
+            && no_kw
+            && e.verified.intact()
+            && is_fast_instance(g, *args)
+            && !crate::cpython::tracer::active()
+        {
             let slf = *args;
             let name = modules as *mut capi::PyObject;
             match plain_attr(capi::Py_TYPE(slf), instance_dict(slf), name) {
@@ -123,10 +133,16 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
                 "torch container method has no vectorcall",
             ));
         };
+        let func = f.into_ptr();
+        // SAFETY: a Python function (checked above), held for the process.
+        let Some(verified) = (unsafe { FunctionBody::of(func) }) else {
+            continue;
+        };
         entries.push(Entry {
-            func: f.into_ptr(),
+            func,
             original,
             body,
+            verified,
         });
     }
     let _ = MODULES.set(pyo3::types::PyString::intern(py, "_modules").into_ptr() as usize);

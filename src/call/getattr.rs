@@ -77,8 +77,9 @@ pub unsafe extern "C" fn module_getattro(
     let Some(g) = globals() else {
         return not_initialised();
     };
-    // Under a tracer or profiler torch's `__getattr__` runs, with its frame.
-    let reg = if crate::cpython::tracer::active() {
+    // Under a tracer or profiler torch's `__getattr__` runs, with its frame;
+    // after its `__code__` was replaced, the code it has now.
+    let reg = if crate::cpython::tracer::active() || !g.orig.intact(g.orig.getattr) {
         Reg::Unusual
     } else {
         registry_get(g, obj, name)
@@ -109,7 +110,7 @@ pub unsafe fn has_attr(
         crate::cpython::types::getattro_slot(capi::Py_TYPE(obj)),
         module_getattro as capi::getattrofunc
     );
-    if own && capi::PyUnicode_Check(name) != 0 {
+    if own && capi::PyUnicode_Check(name) != 0 && g.orig.intact(g.orig.getattr) {
         let r = _PyObject_GenericGetAttrWithDict(obj, name, std::ptr::null_mut(), 1);
         if !r.is_null() {
             capi::Py_DECREF(r);
@@ -154,6 +155,9 @@ pub unsafe fn getattr_native(
     name: *mut capi::PyObject,
 ) -> Option<*mut capi::PyObject> {
     crate::call::slots::rearm(g, capi::Py_TYPE(slf));
+    if !g.orig.intact(g.orig.getattr) {
+        return None;
+    }
     match registry_get(g, slf, name) {
         Reg::Found(v) => {
             capi::Py_INCREF(v);

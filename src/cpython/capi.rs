@@ -53,8 +53,8 @@ pub use pyo3::ffi::compat::PyObject_GetOptionalAttr;
 pub use pyo3::ffi::{
     PyBool_Check, PyCell_Get, PyDict_Copy, PyDict_New, PyErr_WarnExplicitObject, PyFloat_AS_DOUBLE,
     PyFloat_CheckExact, PyFloat_FromDouble, PyFunction_GetCode, PyFunction_GetDefaults,
-    PyList_SET_ITEM, PyLong_AsLongLong, PyLong_CheckExact, PyLong_FromLongLong,
-    PyModule_CheckExact, PyNumber_Float, PyNumber_TrueDivide, PyObject_CallMethodNoArgs,
-    PyObject_CallMethodOneArg, PyObject_Size, PyObject_Str, PyObject_VectorcallMethod, PySet_Add,
-    PySet_New, PyTuple_CheckExact, PyUnicode_FromFormat,
+    PyFunction_GetKwDefaults, PyList_SET_ITEM, PyLong_AsLongLong, PyLong_CheckExact,
+    PyLong_FromLongLong, PyModule_CheckExact, PyNumber_Float, PyNumber_TrueDivide,
+    PyObject_CallMethodNoArgs, PyObject_CallMethodOneArg, PyObject_Size, PyObject_Str,
+    PyObject_VectorcallMethod, PySet_Add, PySet_New, PyTuple_CheckExact, PyUnicode_FromFormat,
 };

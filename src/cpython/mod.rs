@@ -26,6 +26,8 @@
 //!   (any key-table kind; `OrderedDict` too).
 //! - [`exceptions`]: the exception being raised and the one being handled
 //!   (3.11's triple or 3.12's single object), as `try`/`except` sees them.
+//! - [`function_body`]: a Python function's code and defaults as captured, to
+//!   tell that `__code__`/`__defaults__` was reassigned since.
 //! - [`load_global`]: a global name as a function's code reads it.
 //! - [`tracer`]: is a trace or profile function set on this thread?
 //! - [`stack`]: how much of this thread's native stack is left?
@@ -34,6 +36,7 @@
 pub mod capi;
 pub mod dicts;
 pub mod exceptions;
+pub mod function_body;
 pub mod gc;
 pub mod load_global;
 pub mod owned;

@@ -220,6 +220,7 @@ unsafe fn visit(
     // plain dict entry.
     if plan.walk == Walk::Train
         && (type_lookup(tp, g.names.dunder_setattr) != g.orig.setattr
+            || !g.orig.intact(g.orig.setattr)
             || !crate::instance::fast::object_after_nn_module(g, tp)
             || !type_lookup(tp, training).is_null())
     {

@@ -262,6 +262,7 @@ pub unsafe fn native_method(
     orig: *mut capi::PyObject,
 ) -> bool {
     type_lookup(capi::Py_TYPE(obj), name) == orig
+        && crate::torch_api::originals::globals().is_some_and(|g| g.orig.intact(orig))
 }
 
 /// `self.register_parameter(name, value)` as stock dispatches it.

@@ -238,8 +238,13 @@ unsafe fn entry(
 ) -> *mut capi::PyObject {
     let nargs = capi::PyVectorcall_NARGS(nargsf) as usize;
     if let Some(g) = globals() {
-        // Under a tracer or profiler torch's function runs, with its frame.
-        if nargs >= 1 && is_fast_instance(g, *args) && !crate::cpython::tracer::active() {
+        // Under a tracer or profiler torch's function runs, with its frame;
+        // after its `__code__` was replaced, the code it has now.
+        if nargs >= 1
+            && is_fast_instance(g, *args)
+            && !crate::cpython::tracer::active()
+            && g.orig.intact(callable)
+        {
             if let Some(r) = native(g, which, *args, args.add(1), nargs - 1, kwnames) {
                 return r;
             }

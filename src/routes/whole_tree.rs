@@ -17,6 +17,7 @@
 //! stock module runs; there torch's functions keep CPython's entry point and
 //! only the prefix routes.
 use crate::cpython::capi;
+use crate::cpython::function_body::Body;
 use crate::cpython::private_api::custom_eval_frame;
 use crate::instance::fast::is_fast_instance;
 use crate::torch_api::originals::{globals, require};
@@ -64,10 +65,44 @@ unsafe fn compiling() -> bool {
     flag != capi::Py_False()
 }
 
+/// torch's `nn.Module` methods whose bodies the whole-tree paths reproduce,
+/// as they were once routed (see [`seal`]).
+static SEALED: OnceLock<Vec<Body>> = OnceLock::new();
+
+/// Record the bodies of `nn.Module.<name>` for `names` as they are now (after
+/// `fastmodule.inline_routes` put its statement in front of torch's code).
+pub fn seal(py: Python<'_>, names: &[String]) -> PyResult<()> {
+    let g = require(py)?;
+    let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) };
+    let nn_dict = nn_module.getattr("__dict__")?;
+    let mut bodies = Vec::new();
+    for name in names {
+        let Ok(f) = nn_dict.get_item(name) else {
+            continue;
+        };
+        // SAFETY: the function is kept alive by the pointer taken here.
+        if let Some(b) = unsafe { Body::of(f.into_ptr()) } {
+            bodies.push(b);
+        }
+    }
+    let _ = SEALED.set(bodies);
+    Ok(())
+}
+
+/// Are all those methods still running the code they were routed with? A
+/// `__code__` replaced since (hot reload, a test double) is what stock runs at
+/// every module, so the whole-tree paths stand aside and torch's code, the
+/// replacement included, runs the call.
+#[inline(always)]
+unsafe fn sealed_intact() -> bool {
+    SEALED.get().is_none_or(|b| b.iter().all(|b| b.intact()))
+}
+
 /// The router's question for a call of torch's method with `slf` first: run
 /// fastmodule's body (a fast instance, no PEP 523 frame evaluator installed,
 /// not `torch.compiler.is_compiling()`, no trace or profile function set on
-/// this thread: debuggers, profilers and coverage see torch's frames)?
+/// this thread: debuggers, profilers and coverage see torch's frames, and
+/// torch's whole-tree methods as routed)?
 #[inline(always)]
 unsafe fn to_body(slf: *mut capi::PyObject) -> bool {
     globals().is_some_and(|g| {
@@ -75,6 +110,7 @@ unsafe fn to_body(slf: *mut capi::PyObject) -> bool {
             && !custom_eval_frame()
             && !compiling()
             && !crate::cpython::tracer::active()
+            && sealed_intact()
     })
 }
 

@@ -5,6 +5,7 @@
 //! Every pointer is a strong reference kept for the life of the process, so
 //! the hot paths can read them without reference counting.
 use crate::cpython::capi;
+use crate::cpython::function_body::Body;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyType};
@@ -62,6 +63,32 @@ pub struct Originals {
     pub register_module: *mut capi::PyObject,
     pub object_getattribute: *mut capi::PyObject,
     pub object_class: *mut capi::PyObject,
+    /// The bodies of the Python functions above, as captured at import (see
+    /// [`Originals::intact`]).
+    pub bodies: Vec<Body>,
+}
+
+impl Originals {
+    /// Is `f` (one of the functions above) still running the code and
+    /// defaults it had at import? A body replaced since (`__code__`
+    /// reassigned) is what stock runs, so the native path stands aside. True
+    /// for anything that is not one of them.
+    #[inline(always)]
+    pub fn intact(&self, f: *mut capi::PyObject) -> bool {
+        // SAFETY: called with the GIL held, as everything here.
+        self.bodies
+            .iter()
+            .find(|b| b.func() == f)
+            .is_none_or(|b| unsafe { b.intact() })
+    }
+
+    /// `_wrapped_call_impl` and `_call_impl`, which the native module call
+    /// reproduces, both intact.
+    #[inline(always)]
+    pub fn call_intact(&self) -> bool {
+        // SAFETY: the GIL is held; the first two bodies are those two.
+        unsafe { self.bodies.len() >= 2 && self.bodies[0].intact() && self.bodies[1].intact() }
+    }
 }
 
 pub struct Globals {
@@ -147,7 +174,26 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         register_module: class_entry(&nn_module, "register_module")?,
         object_getattribute: class_entry(&object, "__getattribute__")?,
         object_class: class_entry(&object, "__class__")?,
+        bodies: Vec::new(),
     };
+    let mut orig = orig;
+    // `call` and `call_impl` first (`call_intact`).
+    for f in [
+        orig.call,
+        orig.call_impl,
+        orig.getattr,
+        orig.setattr,
+        orig.delattr,
+        orig.register_parameter,
+        orig.register_buffer,
+        orig.add_module,
+        orig.register_module,
+    ] {
+        // SAFETY: strong references held for the process; GIL held.
+        if let Some(b) = unsafe { Body::of(f) } {
+            orig.bodies.push(b);
+        }
+    }
     let names = Names {
         parameters: intern(py, "_parameters"),
         buffers: intern(py, "_buffers"),

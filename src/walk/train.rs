@@ -43,6 +43,7 @@ fn set_training(
         // Module or tensor).
         let tp = capi::Py_TYPE(module.as_ptr());
         if type_lookup(tp, g.names.dunder_setattr) == g.orig.setattr
+            && g.orig.intact(g.orig.setattr)
             && crate::instance::fast::object_after_nn_module(g, tp)
         {
             let dict = instance_dict(module.as_ptr());

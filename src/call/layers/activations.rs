@@ -27,7 +27,8 @@ pub(super) unsafe fn relu(
             && is(l.torch_dict, n.relu, l.torch_relu)
             && is(l.torch_dict, n.relu_, l.torch_relu_)
     });
-    if !ok {
+    // `F.relu`'s body is reproduced below: only while it is torch's.
+    if !ok || !l.bodies.f_relu.intact() {
         return None;
     }
     let inplace = match cached(entry, LeafKind::Relu) {

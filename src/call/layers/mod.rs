@@ -5,7 +5,9 @@
 //! pooling).
 //!
 //! Only where the result is provably torch's: the module's `forward`
-//! resolves to torch's very function (checked by the caller), the call has
+//! resolves to torch's very function (checked by the caller) whose code and
+//! defaults are still those verified at import (checked here, on every
+//! call: a `__code__` swapped in by a hot-reload tool runs), the call has
 //! exactly one positional argument, and every global those functions read
 //! is still the object torch installed (re-checked on every call, cached by
 //! the dict versions). Then the same builtin ops run with the same
@@ -27,6 +29,7 @@ mod table;
 
 use crate::call::call_cache::{set_leaf, Entry, Leaf, LeafKind};
 use crate::cpython::capi;
+use crate::cpython::function_body::Body;
 use crate::cpython::quiet;
 use crate::instance::attributes::instance_dict;
 use pyo3::prelude::*;
@@ -53,6 +56,17 @@ pub(super) struct Leaves {
     pub(super) torch_relu_: *mut capi::PyObject,
     pub(super) has_torch_function_unary: *mut capi::PyObject,
     pub(super) names: Names,
+    pub(super) bodies: Bodies,
+}
+
+/// The bodies of the Python functions reproduced here, as verified: a
+/// function whose `__code__` or defaults were replaced since is called.
+pub(super) struct Bodies {
+    pub(super) linear_forward: Body,
+    pub(super) relu_forward: Body,
+    pub(super) sequential_forward: Body,
+    pub(super) sequential_iter: Body,
+    pub(super) f_relu: Body,
 }
 
 pub(super) struct Names {
@@ -88,6 +102,21 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             .into_ptr())
     };
     let intern = |s: &str| pyo3::types::PyString::intern(py, s).into_ptr();
+    let body = |k: &str| -> PyResult<Body> {
+        // SAFETY: `get` returned a strong reference, kept for the process.
+        unsafe { Body::of(get(k)?) }.ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "fastmodule: layers' {k} is not a Python function"
+            ))
+        })
+    };
+    let bodies = Bodies {
+        linear_forward: body("linear_forward")?,
+        relu_forward: body("relu_forward")?,
+        sequential_forward: body("sequential_forward")?,
+        sequential_iter: body("sequential_iter")?,
+        f_relu: body("f_relu")?,
+    };
     let l = Leaves {
         sequential_forward: get("sequential_forward")?,
         sequential_iter: get("sequential_iter")?,
@@ -119,6 +148,7 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             parameters: intern("_parameters"),
             iter: intern("__iter__"),
         },
+        bodies,
     };
     let _ = LEAVES.set(l);
     table::init(py, config)
@@ -153,11 +183,21 @@ pub unsafe fn forward(
     entry: *mut Entry,
 ) -> Option<*mut capi::PyObject> {
     let l = LEAVES.get()?;
+    // Each by identity and by body: code swapped in since runs as Python.
     if func == l.linear_forward {
+        if !l.bodies.linear_forward.intact() {
+            return None;
+        }
         linear::linear(l, slf, input, entry)
     } else if func == l.relu_forward {
+        if !l.bodies.relu_forward.intact() {
+            return None;
+        }
         activations::relu(l, slf, input, entry)
     } else if func == l.sequential_forward {
+        if !l.bodies.sequential_forward.intact() || !l.bodies.sequential_iter.intact() {
+            return None;
+        }
         containers::sequential(l, slf, input, entry)
     } else {
         table::forward(func, slf, input)
