@@ -14,6 +14,7 @@
 use super::{activations, conv, dropout, embedding, norms, pooling, shape};
 use crate::call::getattr::{registry_get, Reg};
 use crate::cpython::capi;
+use crate::cpython::function_body::Body;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::{caches_on, dict_version};
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
@@ -101,8 +102,9 @@ struct Guard {
     seen: UnsafeCell<Box<[u64]>>,
     /// `_PyType_Lookup(type, name) is want` (null: absent), checked each call.
     types: Box<[(Obj, Obj, Obj)]>,
-    /// Functions whose bodies are reproduced: function, code, defaults.
-    funcs: Box<[(Obj, Obj, Obj)]>,
+    /// Functions whose bodies are reproduced, with their code and defaults
+    /// as verified.
+    funcs: Box<[Body]>,
     /// Their closure cells, with the contents they had.
     cells: Box<[(Obj, Obj)]>,
     /// `type(obj) is cls` (a module whose class could be reassigned).
@@ -112,10 +114,8 @@ struct Guard {
 impl Guard {
     #[inline(always)]
     unsafe fn pass(&self) -> bool {
-        for &(f, code, defaults) in self.funcs.iter() {
-            if capi::PyFunction_GetCode(f) != code || capi::PyFunction_GetDefaults(f) != defaults {
-                return false;
-            }
+        if !self.funcs.iter().all(|b| b.intact()) {
+            return false;
         }
         for &(cell, want) in self.cells.iter() {
             let v = capi::PyCell_Get(cell);
@@ -181,6 +181,25 @@ pub(super) struct Common {
     pub(super) minus_one: Obj,
     pub(super) float_one: Obj,
     pub(super) s: Strs,
+    /// `torch.Tensor.dim` and `.size` as torch defines them (C methods).
+    tensor_dim: Obj,
+    tensor_size: Obj,
+}
+
+impl Common {
+    /// Do `Tensor` and `Parameter` still resolve `dim` and `size` to torch's
+    /// C methods? The native steps call them, or skip a call torch's code
+    /// makes, or call one and then hand over to torch's code, which calls it
+    /// again: all invisible while they are torch's. A patched one (a counting
+    /// or recording tool) makes the whole call torch's `forward`, before any
+    /// step, so it is called exactly as often as on stock.
+    #[inline(always)]
+    unsafe fn tensor_methods_intact(&self) -> bool {
+        [self.tensor, self.parameter].iter().all(|&t| {
+            type_lookup(t.cast(), self.s.dim) == self.tensor_dim
+                && type_lookup(t.cast(), self.s.size) == self.tensor_size
+        })
+    }
 }
 
 macro_rules! strs {
@@ -269,17 +288,33 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let specs = specs.cast::<PyDict>()?.clone();
     let absent = config.get_item("absent")?.ok_or_else(|| err("absent"))?;
     let get = |k: &str| -> PyResult<Obj> { Ok(owned(&config.get_item(k)?.ok_or_else(|| err(k))?)) };
+    let tensor_type = get("tensor_type")?;
+    let s = strs(py);
+    // SAFETY: `tensor_type` is a type object held for the process; the
+    // method descriptors found are held too.
+    let (tensor_dim, tensor_size) = unsafe {
+        let find = |name: Obj| {
+            let v = type_lookup(tensor_type.cast(), name);
+            if !v.is_null() {
+                capi::Py_INCREF(v);
+            }
+            v
+        };
+        (find(s.dim), find(s.size))
+    };
     let common = Common {
+        tensor_dim,
+        tensor_size,
         has_tf_unary: get("has_torch_function_unary")?,
         has_tf_variadic: get("has_torch_function_variadic")?,
-        tensor: get("tensor_type")?,
+        tensor: tensor_type,
         parameter: get("parameter_type")?,
         torch: get("torch")?,
         zero: 0i64.into_pyobject(py)?.into_ptr(),
         one: 1i64.into_pyobject(py)?.into_ptr(),
         minus_one: (-1i64).into_pyobject(py)?.into_ptr(),
         float_one: 1.0f64.into_pyobject(py)?.into_ptr(),
-        s: strs(py),
+        s,
     };
     let tuple = |names: &[&str]| PyTuple::new(py, names).map(|t| t.into_ptr());
     let kw = Kw {
@@ -345,17 +380,9 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             if !f.is_instance_of::<pyo3::types::PyFunction>() {
                 return Err(err(&format!("{name}: a Python function")));
             }
-            let fp = owned(&f);
             // SAFETY: a Python function, held for the life of the process.
-            unsafe {
-                let code = capi::PyFunction_GetCode(fp);
-                let defaults = capi::PyFunction_GetDefaults(fp);
-                capi::Py_INCREF(code);
-                if !defaults.is_null() {
-                    capi::Py_INCREF(defaults);
-                }
-                funcs.push((fp, code, defaults));
-            }
+            let body = unsafe { Body::of(owned(&f)) };
+            funcs.push(body.ok_or_else(|| err(&format!("{name}: a Python function")))?);
             let closure = f.getattr("__closure__")?;
             if !closure.is_none() {
                 for cell in closure.cast::<PyTuple>()?.iter() {
@@ -400,10 +427,10 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
 pub(super) unsafe fn forward(func: Obj, slf: Obj, input: Obj) -> Option<Obj> {
     let t = TABLE.get()?;
     let l = t.layers.iter().find(|l| l.forward == func)?;
-    if capi::PyFunction_GetCode(func) != l.code || !l.guard.pass() {
+    let c = &t.common;
+    if capi::PyFunction_GetCode(func) != l.code || !l.guard.pass() || !c.tensor_methods_intact() {
         return None;
     }
-    let c = &t.common;
     let kw = &t.kw;
     match l.kind {
         Kind::Identity => shape::identity(input),
