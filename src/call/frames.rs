@@ -98,12 +98,15 @@ pub unsafe fn of(func: *mut capi::PyObject) -> Result<Frames, ()> {
 }
 
 /// Does this call of `slf` need torch's call frames? Runs no Python code.
+/// `hooked`: forward pre-hooks run before `forward`, and one may change what
+/// the answer rests on (`self.dim`) after it was given; such a call keeps
+/// torch's frames whenever it might need them.
 #[inline(always)]
-pub unsafe fn needed(frames: Frames, slf: *mut capi::PyObject) -> bool {
+pub unsafe fn needed(frames: Frames, slf: *mut capi::PyObject, hooked: bool) -> bool {
     match frames {
         Frames::None => false,
         Frames::Always => true,
-        Frames::WhenDimNone => dim_is_none(slf),
+        Frames::WhenDimNone => hooked || dim_is_none(slf),
     }
 }
 

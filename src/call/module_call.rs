@@ -48,6 +48,7 @@ pub enum Why {
     UnusualHookRegistry,
     ForwardHooksOff,
     CountsFrames,
+    BodyReplaced,
 }
 
 impl Why {
@@ -74,6 +75,10 @@ impl Why {
             Why::ForwardHooksOff => {
                 "it has forward hooks (its own or global ones) and the native hook dispatch \
                  is off: fastmodule.diagnostics() says why"
+            }
+            Why::BodyReplaced => {
+                "torch's _wrapped_call_impl or _call_impl has had its __code__ or defaults \
+                 replaced since import, so that code runs"
             }
             Why::CountsFrames => {
                 "its forward is torch's and counts its caller's frames (a warning's \
@@ -144,6 +149,11 @@ unsafe fn resolve(
 unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
     if custom_eval_frame() {
         return Decision::Stock(Why::FrameEvaluator);
+    }
+    // The call path reproduces these two functions: not once their code is
+    // another (a hot-reload tool, a test double), which stock then runs.
+    if !g.orig.call_intact() {
+        return Decision::Stock(Why::BodyReplaced);
     }
     if crate::cpython::tracer::active() {
         return Decision::Stock(Why::Tracer);
@@ -318,10 +328,11 @@ unsafe fn remember_forward(
     dict: *mut capi::PyObject,
     hooks: &Hooks,
     forward: *mut capi::PyObject,
+    hooked: bool,
 ) -> Result<*mut crate::call::call_cache::Entry, Stop> {
     let frames = crate::call::frames::of(forward).map_err(|()| Stop::Raised)?;
     let entry = crate::call::call_cache::store(tp, dict, *hooks, forward, frames);
-    if crate::call::frames::needed(frames, slf) {
+    if crate::call::frames::needed(frames, slf, hooked) {
         return Err(Stop::HandOver);
     }
     Ok(entry)
@@ -348,7 +359,7 @@ unsafe fn call_forward(
             return Some(r);
         }
         Ok(Found::ClassFunction(descr)) => {
-            return match remember_forward(slf, tp, dict, hooks, descr) {
+            return match remember_forward(slf, tp, dict, hooks, descr, false) {
                 Ok(entry) => Some(call_function(descr, slf, args, entry)),
                 Err(Stop::HandOver) => None,
                 Err(Stop::Raised) => Some(std::ptr::null_mut()),
@@ -439,14 +450,14 @@ unsafe fn call_hooked(
     let s = hook_support::get()?;
     let forward = match cached {
         Some((f, frames)) => {
-            if crate::call::frames::needed(frames, slf) {
+            if crate::call::frames::needed(frames, slf, true) {
                 return None;
             }
             ForwardCall::Function(Owned::new_ref(f))
         }
         None => match find_forward(g, tp, dict) {
             Ok(Found::Instance(inst)) => ForwardCall::Object(Owned::new_ref(inst)),
-            Ok(Found::ClassFunction(f)) => match remember_forward(slf, tp, dict, hooks, f) {
+            Ok(Found::ClassFunction(f)) => match remember_forward(slf, tp, dict, hooks, f, true) {
                 Ok(_) => ForwardCall::Function(Owned::new_ref(f)),
                 Err(Stop::HandOver) => return None,
                 Err(Stop::Raised) => return Some(std::ptr::null_mut()),
@@ -506,7 +517,7 @@ unsafe fn fast_call(
         return match live(g, &hooks) {
             // An entry stored when the call handed over has no forward yet.
             Decision::Forward if forward.is_null() => call_forward(g, slf, tp, dict, args, &hooks),
-            Decision::Forward if crate::call::frames::needed(frames, slf) => None,
+            Decision::Forward if crate::call::frames::needed(frames, slf, false) => None,
             Decision::Forward => Some(call_function(forward, slf, args, e)),
             Decision::Hooks => {
                 let cached = (!forward.is_null()).then_some((forward, frames));
@@ -548,11 +559,12 @@ pub unsafe fn handover_reason(g: &Globals, slf: *mut capi::PyObject) -> Result<O
         Ok(hooks) => live(g, &hooks),
         Err(other) => other,
     };
+    let hooked = matches!(decision, Decision::Hooks);
     match decision {
         Decision::Forward | Decision::Hooks => match find_forward(g, tp, dict)? {
             Found::ClassFunction(f) => {
                 let frames = crate::call::frames::of(f)?;
-                Ok(crate::call::frames::needed(frames, slf).then_some(Why::CountsFrames))
+                Ok(crate::call::frames::needed(frames, slf, hooked).then_some(Why::CountsFrames))
             }
             Found::Instance(_) | Found::Generic => Ok(None),
         },
