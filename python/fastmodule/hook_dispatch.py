@@ -13,6 +13,8 @@ stock, and ``fastmodule.diagnostics()`` says why.
 from __future__ import annotations
 
 import dis
+import sys
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -97,6 +99,9 @@ if HOOKS is None:
             "unpack_pair": unpack_pair,
             "warn_filename": torch.nn.Module._wrapped_call_impl.__code__.co_filename,
             "warn_lineno": _call_line(),
+            # CPython's own warn: a warnings.warn patched before this import is
+            # still called as torch calls it.
+            "warnings_warn": getattr(sys.modules.get("_warnings"), "warn", warnings.warn),
             "odict": OrderedDict,
         }
     )

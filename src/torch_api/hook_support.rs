@@ -25,6 +25,13 @@ pub struct HookSupport {
     /// line of `_wrapped_call_impl` that calls `_call_impl`.
     pub warn_filename: *mut capi::PyObject,
     pub warn_lineno: i32,
+    /// `warnings.warn` as installed at import: while module.py's
+    /// `warnings.warn` is still it, the warning is made in place; a patched
+    /// one (`unittest.mock`, a logging bridge) is called as torch calls it.
+    pub warnings_warn: *mut capi::PyObject,
+    /// `("stacklevel",)`, the keyword of that call.
+    pub stacklevel_kw: *mut capi::PyObject,
+    pub two: *mut capi::PyObject,
     pub odict: *mut capi::PyTypeObject,
     pub names: Names,
 }
@@ -38,6 +45,8 @@ pub struct Names {
     pub items: *mut capi::PyObject,
     pub dunder_name: *mut capi::PyObject,
     pub warning_registry: *mut capi::PyObject,
+    pub warnings: *mut capi::PyObject,
+    pub warn: *mut capi::PyObject,
 }
 
 /// The module.py globals `_call_impl` reads on the way to the forward hooks,
@@ -103,6 +112,9 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         unpack_pair: ptr("unpack_pair")?,
         warn_filename: ptr("warn_filename")?,
         warn_lineno: get("warn_lineno")?.extract()?,
+        warnings_warn: ptr("warnings_warn")?,
+        stacklevel_kw: pyo3::types::PyTuple::new(py, ["stacklevel"])?.into_ptr(),
+        two: 2i64.into_pyobject(py)?.into_ptr(),
         odict: ptr("odict")? as *mut capi::PyTypeObject,
         names: Names {
             forward_pre_hooks: intern("_forward_pre_hooks"),
@@ -113,6 +125,8 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             items: intern("items"),
             dunder_name: intern("__name__"),
             warning_registry: intern("__warningregistry__"),
+            warnings: intern("warnings"),
+            warn: intern("warn"),
         },
     };
     let _ = SUPPORT.set(support);
@@ -151,11 +165,22 @@ impl HookSupport {
     }
 
     /// `warnings.warn(message, stacklevel=2)` from `_call_impl`'s `except`
-    /// block: a UserWarning placed at `_wrapped_call_impl`'s line in module.py,
-    /// registered in module.py's `__warningregistry__` (made if missing).
+    /// block. `warnings` and its `warn` are read as module.py's code reads
+    /// them; while that is the `warnings.warn` of import, a UserWarning
+    /// placed at `_wrapped_call_impl`'s line in module.py, registered in
+    /// module.py's `__warningregistry__` (made if missing), as the call would
+    /// make it from torch's frame; anything else is called as torch calls it.
     pub unsafe fn warn(&self, message: *mut capi::PyObject) -> Result<(), ()> {
         let g = self.module_globals;
         let n = &self.names;
+        let module = crate::cpython::load_global::load_global(g, n.warnings)?;
+        let warn =
+            Owned::from_owned_ptr(capi::PyObject_GetAttr(module.as_ptr(), n.warn)).ok_or(())?;
+        if warn.as_ptr() != self.warnings_warn {
+            let args = [message, self.two];
+            let r = capi::PyObject_Vectorcall(warn.as_ptr(), args.as_ptr(), 1, self.stacklevel_kw);
+            return Owned::from_owned_ptr(r).map(drop).ok_or(());
+        }
         let mut registry = capi::PyDict_GetItemWithError(g, n.warning_registry);
         if registry.is_null() {
             if !capi::PyErr_Occurred().is_null() {
