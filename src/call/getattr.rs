@@ -79,7 +79,7 @@ pub unsafe extern "C" fn module_getattro(
     };
     // Under a tracer or profiler torch's `__getattr__` runs, with its frame;
     // after its `__code__` was replaced, the code it has now.
-    let reg = if crate::cpython::tracer::active() || !g.orig.intact(g.orig.getattr) {
+    let reg = if crate::cpython::tracer::active() || !g.orig.getattr_intact() {
         Reg::Unusual
     } else {
         registry_get(g, obj, name)
@@ -110,7 +110,7 @@ pub unsafe fn has_attr(
         crate::cpython::types::getattro_slot(capi::Py_TYPE(obj)),
         module_getattro as capi::getattrofunc
     );
-    if own && capi::PyUnicode_Check(name) != 0 && g.orig.intact(g.orig.getattr) {
+    if own && capi::PyUnicode_Check(name) != 0 && g.orig.getattr_intact() {
         let r = _PyObject_GenericGetAttrWithDict(obj, name, std::ptr::null_mut(), 1);
         if !r.is_null() {
             capi::Py_DECREF(r);
@@ -155,7 +155,7 @@ pub unsafe fn getattr_native(
     name: *mut capi::PyObject,
 ) -> Option<*mut capi::PyObject> {
     crate::call::slots::rearm(g, capi::Py_TYPE(slf));
-    if !g.orig.intact(g.orig.getattr) {
+    if !g.orig.getattr_intact() {
         return None;
     }
     match registry_get(g, slf, name) {

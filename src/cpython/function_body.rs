@@ -41,12 +41,6 @@ impl Body {
         })
     }
 
-    /// The function whose body this is (borrowed).
-    #[inline(always)]
-    pub fn func(&self) -> *mut capi::PyObject {
-        self.func
-    }
-
     /// Is the function's code (and are its defaults) still what was captured?
     ///
     /// # Safety

@@ -63,31 +63,62 @@ pub struct Originals {
     pub register_module: *mut capi::PyObject,
     pub object_getattribute: *mut capi::PyObject,
     pub object_class: *mut capi::PyObject,
-    /// The bodies of the Python functions above, as captured at import (see
-    /// [`Originals::intact`]).
-    pub bodies: Vec<Body>,
+    /// The bodies of the Python functions above, as captured at import, in
+    /// [`Originals::BODIES`]' order (see [`Originals::intact`]).
+    pub bodies: [Option<Body>; 9],
 }
 
 impl Originals {
+    const CALL: usize = 0;
+    const CALL_IMPL: usize = 1;
+    const GETATTR: usize = 2;
+
+    /// The functions whose bodies are captured, by index.
+    fn bodies_of(&self) -> [*mut capi::PyObject; 9] {
+        [
+            self.call,
+            self.call_impl,
+            self.getattr,
+            self.setattr,
+            self.delattr,
+            self.register_parameter,
+            self.register_buffer,
+            self.add_module,
+            self.register_module,
+        ]
+    }
+
+    #[inline(always)]
+    fn body_intact(&self, i: usize) -> bool {
+        // SAFETY: called with the GIL held, as everything here.
+        self.bodies[i]
+            .as_ref()
+            .is_none_or(|b| unsafe { b.intact() })
+    }
+
     /// Is `f` (one of the functions above) still running the code and
     /// defaults it had at import? A body replaced since (`__code__`
     /// reassigned) is what stock runs, so the native path stands aside. True
     /// for anything that is not one of them.
     #[inline(always)]
     pub fn intact(&self, f: *mut capi::PyObject) -> bool {
-        // SAFETY: called with the GIL held, as everything here.
-        self.bodies
+        self.bodies_of()
             .iter()
-            .find(|b| b.func() == f)
-            .is_none_or(|b| unsafe { b.intact() })
+            .position(|&g| g == f)
+            .is_none_or(|i| self.body_intact(i))
+    }
+
+    /// `__getattr__`, which the attribute read reproduces, intact.
+    #[inline(always)]
+    pub fn getattr_intact(&self) -> bool {
+        self.body_intact(Self::GETATTR)
     }
 
     /// `_wrapped_call_impl` and `_call_impl`, which the native module call
     /// reproduces, both intact.
     #[inline(always)]
     pub fn call_intact(&self) -> bool {
-        // SAFETY: the GIL is held; the first two bodies are those two.
-        unsafe { self.bodies.len() >= 2 && self.bodies[0].intact() && self.bodies[1].intact() }
+        self.body_intact(Self::CALL) && self.body_intact(Self::CALL_IMPL)
     }
 }
 
@@ -174,26 +205,11 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         register_module: class_entry(&nn_module, "register_module")?,
         object_getattribute: class_entry(&object, "__getattribute__")?,
         object_class: class_entry(&object, "__class__")?,
-        bodies: Vec::new(),
+        bodies: Default::default(),
     };
     let mut orig = orig;
-    // `call` and `call_impl` first (`call_intact`).
-    for f in [
-        orig.call,
-        orig.call_impl,
-        orig.getattr,
-        orig.setattr,
-        orig.delattr,
-        orig.register_parameter,
-        orig.register_buffer,
-        orig.add_module,
-        orig.register_module,
-    ] {
-        // SAFETY: strong references held for the process; GIL held.
-        if let Some(b) = unsafe { Body::of(f) } {
-            orig.bodies.push(b);
-        }
-    }
+    // SAFETY: strong references held for the process; the GIL is held.
+    orig.bodies = orig.bodies_of().map(|f| unsafe { Body::of(f) });
     let names = Names {
         parameters: intern(py, "_parameters"),
         buffers: intern(py, "_buffers"),

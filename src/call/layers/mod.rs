@@ -183,6 +183,11 @@ pub unsafe fn forward(
     entry: *mut Entry,
 ) -> Option<*mut capi::PyObject> {
     let l = LEAVES.get()?;
+    // The steps read registered attributes (`self.weight`) as torch's
+    // `__getattr__` does, or remember such reads: not once it has another body.
+    if !crate::torch_api::originals::globals()?.orig.getattr_intact() {
+        return None;
+    }
     // Each by identity and by body: code swapped in since runs as Python.
     if func == l.linear_forward {
         if !l.bodies.linear_forward.intact() {
