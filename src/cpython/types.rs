@@ -69,3 +69,44 @@ pub unsafe fn mro(tp: *mut PyTypeObject) -> *mut PyObject {
 pub unsafe fn base(tp: *mut PyTypeObject) -> *mut PyTypeObject {
     (*tp).tp_base
 }
+
+/// `super(start, obj).<name>` for an instance `obj` of `tp`, as a class
+/// attribute: what the first class after `start` in `tp`'s MRO holds in its
+/// own dict under `name` (borrowed; null when none has it). None when `start`
+/// is not in the MRO, or a class after it is a static type other than
+/// `object` (its dict is not read here). Runs no code: class dicts have only
+/// `str` keys and `name` is an exact `str`.
+pub unsafe fn lookup_after(
+    tp: *mut PyTypeObject,
+    start: *mut PyTypeObject,
+    name: *mut PyObject,
+) -> Option<*mut PyObject> {
+    let mro = mro(tp);
+    if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
+        return None;
+    }
+    let n = ffi::PyTuple_GET_SIZE(mro);
+    let from = (0..n).find(|&i| ffi::PyTuple_GET_ITEM(mro, i) == start.cast())? + 1;
+    for i in from..n {
+        let k = ffi::PyTuple_GET_ITEM(mro, i) as *mut PyTypeObject;
+        if k == object_type() {
+            return Some(super::type_cache::type_lookup(k, name));
+        }
+        if ffi::PyType_GetFlags(k) & ffi::Py_TPFLAGS_HEAPTYPE == 0 {
+            return None;
+        }
+        let d = (*k).tp_dict;
+        if d.is_null() || ffi::PyDict_CheckExact(d) == 0 {
+            return None;
+        }
+        let v = ffi::PyDict_GetItemWithError(d, name);
+        if !v.is_null() {
+            return Some(v);
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+    }
+    Some(std::ptr::null_mut())
+}

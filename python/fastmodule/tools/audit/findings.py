@@ -201,9 +201,10 @@ _KINDS = (
         "FM016",
         "info",
         "class that fastmodule leaves to torch's own code for some paths",
-        "fastmodule's native paths need torch's own __call__/__getattr__/__setattr__ and "
-        "nothing but object after torch.nn.Module in the MRO; here these paths run Python "
-        "code, accelerated or not (same behaviour, only slower)",
+        "fastmodule's native paths need torch's own __call__/__getattr__/__setattr__, and "
+        "super().__setattr__/__delattr__ after torch.nn.Module in the MRO to be object's "
+        "(mixins that define neither are fine); here these paths run Python code, "
+        "accelerated or not (same behaviour, only slower)",
         "nothing, unless that speed matters",
     ),
     Kind(

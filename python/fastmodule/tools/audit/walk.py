@@ -177,13 +177,19 @@ def native_limits(cls: type) -> list[str]:
             out.append(f"{statement} runs {owner(name)}")
     mro = cls.__mro__
     if module in mro:
-        after = [k for k in mro[mro.index(module) + 1 :] if k is not object]
-        if after:
-            names = ", ".join(_qualname(k) for k in after)
-            out.append(
-                "registration and torch's whole-tree methods (state_dict, parameters, "
-                f"train, ...) run torch's code ({names} after torch.nn.Module in its MRO)"
-            )
+        # torch's __setattr__/__delattr__ end in super(): the native paths need it
+        # to reach object's. Mixins after torch.nn.Module that define neither
+        # (Hugging Face's PreTrainedModel, GenerationMixin) lose nothing.
+        after = mro[mro.index(module) + 1 :]
+        for name in ("__setattr__", "__delattr__"):
+            owner_ = next((k for k in after if name in vars(k)), object)
+            if owner_ is not object:
+                out.append(
+                    "registration and torch's whole-tree methods (state_dict, parameters, "
+                    f"train, ...) run torch's code (super().{name} after torch.nn.Module "
+                    f"is {_qualname(owner_)}'s)"
+                )
+                break
     return out
 
 
