@@ -40,6 +40,14 @@ added, and only for functions whose code compiling the file unchanged
 reproduces, and whose new code keeps every location of torch's; any other
 function keeps torch's code (accelerated instances then run torch's Python
 for it, as stock).
+
+Compiling and checking takes most of ``import fastmodule``'s time, so its result
+is kept on disk (:func:`_cache_dir`; ``FASTMODULE_CACHE_DIR`` names another
+folder, an empty value turns the cache off) under a key of everything it
+depends on: the interpreter's version and bytecode tag, the SHA-256 of torch's
+source file and of this file, and which functions are prefixed how. A later
+import reuses it only when, in addition, each function's running bytecode is
+the one it was made from; anything else compiles and checks again.
 """
 
 from __future__ import annotations
@@ -47,8 +55,12 @@ from __future__ import annotations
 import ast
 import dis
 import functools
+import hashlib
 import inspect
+import marshal
+import os
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -328,6 +340,87 @@ def _prefixed(funcs: dict[str, types.FunctionType], walked: set[str]) -> dict[st
     return out
 
 
+def _cache_dir() -> str | None:
+    """Where :func:`_prefixed`'s results are kept: ``FASTMODULE_CACHE_DIR`` if set
+    (empty: nowhere), else ``$XDG_CACHE_HOME/fastmodule`` or ``~/.cache/fastmodule``."""
+    chosen = os.environ.get("FASTMODULE_CACHE_DIR")
+    if chosen is not None:
+        return chosen or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastmodule")
+
+
+def _running(funcs: dict[str, types.FunctionType]) -> dict[str, bytes]:
+    """What the prefixed code was made from, per function: its running bytecode,
+    first line and qualified name."""
+    return {
+        name: hashlib.sha256(
+            f.__code__.co_code + f"{f.__code__.co_firstlineno}:{f.__code__.co_qualname}".encode()
+        ).digest()
+        for name, f in funcs.items()
+    }
+
+
+def _cache_file(funcs: dict[str, types.FunctionType], walked: set[str]) -> str | None:
+    """The cache file for this interpreter, torch source, this file and request."""
+    folder = _cache_dir()
+    torch_file = next(iter(funcs.values())).__code__.co_filename
+    torch_hash = verification.source_hash(torch_file)
+    own_hash = verification.source_hash(__file__)
+    if folder is None or torch_hash is None or own_hash is None:
+        return None
+    names = ",".join(f"{n}{'*' if n in walked else ''}" for n in sorted(funcs))
+    key = "|".join(
+        (sys.implementation.cache_tag or "", sys.version, torch_hash, own_hash, names)
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return os.path.join(folder, f"routes-{digest}.bin")
+
+
+def _load(path: str, funcs: dict[str, types.FunctionType]) -> dict[str, types.CodeType] | None:
+    try:
+        with open(path, "rb") as f:
+            made_from, codes = marshal.load(f)
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if made_from != _running(funcs) or not isinstance(codes, dict):
+        return None
+    if not all(isinstance(c, types.CodeType) for c in codes.values()):
+        return None
+    return codes
+
+
+def _store(path: str, funcs: dict[str, types.FunctionType], codes: dict[str, Any]) -> None:
+    """Written whole or not at all (another process may read it meanwhile)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".routes-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                marshal.dump((_running(funcs), codes), f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only home: compile again next time
+
+
+def _prefixed_cached(
+    funcs: dict[str, types.FunctionType], walked: set[str]
+) -> dict[str, types.CodeType]:
+    """:func:`_prefixed`, from the cache when it was made from exactly this."""
+    path = _cache_file(funcs, walked)
+    if path is not None:
+        codes = _load(path, funcs)
+        if codes is not None:
+            return codes
+    codes = _prefixed(funcs, walked)
+    if path is not None:
+        _store(path, funcs, codes)
+    return codes
+
+
 def _parameters(func: Callable[..., Any]) -> list[tuple[str, Any]]:
     """``func``'s parameters: names and kinds."""
     return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]
@@ -357,7 +450,7 @@ def install(bodies: dict[str, Callable[..., Any]], walked: Iterable[str]) -> Non
         if bool(func.__code__.co_flags & inspect.CO_GENERATOR) and name not in walked:
             continue
         funcs[name] = func
-    new_codes = _prefixed(funcs, walked) if funcs else {}
+    new_codes = _prefixed_cached(funcs, walked) if funcs else {}
     if not new_codes:
         return
     namespace[_ROUTE] = ROUTE

@@ -330,6 +330,12 @@ def _definitions(path: str) -> dict[tuple[str, int], ast.FunctionDef | ast.Async
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
+def source_hash(path: str) -> str | None:
+    """The SHA-256 of a source file's bytes (None if it cannot be read)."""
+    return _file_hash(path)
+
+
+@functools.cache
 def _relative(path: str) -> str:
     """``path`` relative to torch's package folder, with ``/`` separators."""
     return os.path.relpath(path, os.path.dirname(_TORCH_DIR)).replace(os.sep, "/")
