@@ -127,6 +127,11 @@ fn call_handover(module: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
     let obj = module.as_ptr();
     unsafe {
         let tp = cpython::capi::Py_TYPE(obj);
+        if instance::fast::switched_off() {
+            return Ok(Some(
+                "fastmodule is switched off (fastmodule.disabled() or FASTMODULE_DISABLE=1)",
+            ));
+        }
         if !call::slots::on(call::slots::CALL) {
             return Ok(Some(
                 "the native module call is off for this torch (fastmodule doctor says why)",
@@ -146,9 +151,9 @@ fn call_handover(module: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
                 return Ok(Some(if !accelerated {
                     "its class is not accelerated"
                 } else {
-                    "its class is accelerated but has bases after torch.nn.Module \
-                         (mixins) and lacks the call slot (a patch of nn.Module.__call__ \
-                         reset it)"
+                    "its class is accelerated but a class after torch.nn.Module in its \
+                         MRO defines __setattr__ or __delattr__, and it lacks the call slot \
+                         (a patch of nn.Module.__call__ reset it)"
                 }));
             }
         }
@@ -240,6 +245,18 @@ fn route_torch_methods(
     copies: &Bound<'_, pyo3::types::PyDict>,
 ) -> PyResult<()> {
     routes::whole_tree::install(py, bodies, copies)
+}
+
+/// Switch every native path off (`fastmodule.disabled()`) or back on.
+#[pyfunction]
+fn set_switched_off(off: bool) {
+    instance::fast::switch_off(off);
+}
+
+/// Is every native path switched off?
+#[pyfunction]
+fn switched_off() -> bool {
+    instance::fast::switched_off()
 }
 
 /// Record the bodies of torch's `nn.Module.<name>` for `names`, as routed: the
@@ -367,6 +384,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(route_torch_methods, m)?)?;
     m.add_function(wrap_pyfunction!(install_route_check, m)?)?;
     m.add_function(wrap_pyfunction!(seal_torch_methods, m)?)?;
+    m.add_function(wrap_pyfunction!(set_switched_off, m)?)?;
+    m.add_function(wrap_pyfunction!(switched_off, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(init_containers, m)?)?;
     m.add_function(wrap_pyfunction!(init_frame_counting, m)?)?;

@@ -51,7 +51,7 @@ def test_diagnostics_rows_are_typed_and_complete() -> None:
     assert len(names) == len(set(names))
     for r in rows:
         assert r.on in (True, False, None) and isinstance(r.detail, str) and r.detail
-    expected = {"interpreter", "tracer check", "quiet dicts", "jit tracing probe"}
+    expected = {"interpreter", "switch", "tracer check", "quiet dicts", "jit tracing probe"}
     expected |= {"cache validity", "recorded walks", "module call", "attribute read"}
     expected |= {"registration", "layer forwards", "container methods", "conversion closures"}
     expected |= {"hook dispatch"}

@@ -16,6 +16,9 @@ accelerates every module class in the process.
 ``fastmodule.diagnostics()`` (or ``python -m fastmodule doctor``) lists which
 native paths are on for this interpreter and torch, and why any is off.
 
+``with fastmodule.disabled():`` (or ``FASTMODULE_DISABLE=1`` in the environment)
+runs torch's own code on every path: rule fastmodule in or out in one line.
+
 ``fastmodule.audit(model)`` (or ``python -m fastmodule audit pkg.module:factory``)
 reports modules, parameters and tensors a model silently does not register.
 
@@ -41,6 +44,7 @@ from fastmodule.acceleration import (
 )
 from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
+from fastmodule.switch import disabled
 from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "audit",
     "check",
     "diagnostics",
+    "disabled",
     "install",
     "installed",
     "is_accelerated",

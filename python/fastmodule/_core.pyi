@@ -72,6 +72,12 @@ def install_route_check(func: object) -> None:
     """Make the Python function ``func``, called eagerly, answer whether torch's
     whole-tree method should run fastmodule's body for its argument."""
 
+def set_switched_off(off: bool) -> None:
+    """Switch every native path off (``fastmodule.disabled()``) or back on."""
+
+def switched_off() -> bool:
+    """Is every native path switched off?"""
+
 def seal_torch_methods(names: list[str]) -> None:
     """Record the bodies (code and defaults) of ``torch.nn.Module.<name>`` for
     ``names`` as they are now; once one is replaced, whole-tree calls run torch's

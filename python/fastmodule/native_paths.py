@@ -224,9 +224,16 @@ def diagnostics() -> list[PathStatus]:
 
     A path that is off runs torch's own code: behaviour is stock either way.
     """
+    from fastmodule import switch
+
     core = _core_rows()
     return [
         *_interpreter_rows(),
+        PathStatus(
+            "switch",
+            NATIVE and not switch.is_disabled(),
+            switch.switch_state() if NATIVE else _NO_NATIVE,
+        ),
         *_runtime_rows(),
         *core.values(),
         _hook_row(core["call"].on is True),

@@ -79,7 +79,10 @@ pub unsafe extern "C" fn module_getattro(
     };
     // Under a tracer or profiler torch's `__getattr__` runs, with its frame;
     // after its `__code__` was replaced, the code it has now.
-    let reg = if crate::cpython::tracer::active() || !g.orig.getattr_intact() {
+    let reg = if crate::cpython::tracer::active()
+        || !g.orig.getattr_intact()
+        || crate::instance::fast::switched_off()
+    {
         Reg::Unusual
     } else {
         registry_get(g, obj, name)
@@ -110,7 +113,11 @@ pub unsafe fn has_attr(
         crate::cpython::types::getattro_slot(capi::Py_TYPE(obj)),
         module_getattro as capi::getattrofunc
     );
-    if own && capi::PyUnicode_Check(name) != 0 && g.orig.getattr_intact() {
+    if own
+        && capi::PyUnicode_Check(name) != 0
+        && g.orig.getattr_intact()
+        && !crate::instance::fast::switched_off()
+    {
         let r = _PyObject_GenericGetAttrWithDict(obj, name, std::ptr::null_mut(), 1);
         if !r.is_null() {
             capi::Py_DECREF(r);
@@ -155,7 +162,7 @@ pub unsafe fn getattr_native(
     name: *mut capi::PyObject,
 ) -> Option<*mut capi::PyObject> {
     crate::call::slots::rearm(g, capi::Py_TYPE(slf));
-    if !g.orig.getattr_intact() {
+    if !g.orig.getattr_intact() || crate::instance::fast::switched_off() {
         return None;
     }
     match registry_get(g, slf, name) {

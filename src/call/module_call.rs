@@ -510,6 +510,9 @@ unsafe fn fast_call(
     slf: *mut capi::PyObject,
     args: Args,
 ) -> Option<*mut capi::PyObject> {
+    if crate::instance::fast::switched_off() {
+        return None;
+    }
     let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     if let Some(e) = crate::call::call_cache::lookup(tp, dict) {

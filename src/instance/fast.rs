@@ -8,6 +8,23 @@
 use crate::cpython::capi;
 use crate::torch_api::originals::Globals;
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `fastmodule.disabled()` / `FASTMODULE_DISABLE=1`: while set, no instance is
+/// fast and the module call and attribute read hand over at once, so every
+/// native path runs torch's own code (process-wide).
+static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Is fastmodule switched off (every native path hands over)?
+#[inline(always)]
+pub fn switched_off() -> bool {
+    SWITCHED_OFF.load(Ordering::Relaxed)
+}
+
+/// Switch every native path off (true) or back on.
+pub fn switch_off(off: bool) {
+    SWITCHED_OFF.store(off, Ordering::Relaxed);
+}
 
 /// Is `obj` an instance of a fastmodule class whose `super()` after
 /// `torch.nn.Module` is `object`'s for `__setattr__`/`__delattr__`? Only such
@@ -16,7 +33,8 @@ use std::cell::UnsafeCell;
 #[inline(always)]
 pub unsafe fn is_fast_instance(g: &Globals, obj: *mut capi::PyObject) -> bool {
     let tp = capi::Py_TYPE(obj);
-    (capi::PyType_IsSubtype(tp, g.fast_module) != 0 || super::accelerated::contains(tp))
+    !switched_off()
+        && (capi::PyType_IsSubtype(tp, g.fast_module) != 0 || super::accelerated::contains(tp))
         && object_after_nn_module(g, tp)
 }
 
