@@ -16,6 +16,10 @@ pub struct Body {
     code: Owned,
     defaults: Option<Owned>,
     kwdefaults: Option<Owned>,
+    /// The function object's fields are where pyo3's layout of
+    /// `PyFunctionObject` says (checked against the C API when captured):
+    /// then [`Body::intact`] reads them in place instead of calling the API.
+    direct: bool,
 }
 
 // SAFETY: strong references, read and released with the GIL held.
@@ -33,11 +37,17 @@ impl Body {
             return None;
         }
         let held = |p: *mut capi::PyObject| (!p.is_null()).then(|| Owned::new_ref(p));
+        let (code, defaults, kwdefaults) = (
+            capi::PyFunction_GetCode(func),
+            capi::PyFunction_GetDefaults(func),
+            capi::PyFunction_GetKwDefaults(func),
+        );
         Some(Body {
             func,
-            code: held(capi::PyFunction_GetCode(func))?,
-            defaults: held(capi::PyFunction_GetDefaults(func)),
-            kwdefaults: held(capi::PyFunction_GetKwDefaults(func)),
+            code: held(code)?,
+            defaults: held(defaults),
+            kwdefaults: held(kwdefaults),
+            direct: fields(func) == (code, defaults, kwdefaults),
         })
     }
 
@@ -48,8 +58,32 @@ impl Body {
     #[inline(always)]
     pub unsafe fn intact(&self) -> bool {
         let ptr = |o: &Option<Owned>| o.as_ref().map_or(std::ptr::null_mut(), |o| o.as_ptr());
-        capi::PyFunction_GetCode(self.func) == self.code.as_ptr()
-            && capi::PyFunction_GetDefaults(self.func) == ptr(&self.defaults)
-            && capi::PyFunction_GetKwDefaults(self.func) == ptr(&self.kwdefaults)
+        let now = if self.direct {
+            fields(self.func)
+        } else {
+            (
+                capi::PyFunction_GetCode(self.func),
+                capi::PyFunction_GetDefaults(self.func),
+                capi::PyFunction_GetKwDefaults(self.func),
+            )
+        };
+        now == (
+            self.code.as_ptr(),
+            ptr(&self.defaults),
+            ptr(&self.kwdefaults),
+        )
     }
+}
+
+type Fields = (
+    *mut capi::PyObject,
+    *mut capi::PyObject,
+    *mut capi::PyObject,
+);
+
+/// A Python function's code, defaults and keyword defaults, read in place.
+#[inline(always)]
+unsafe fn fields(func: *mut capi::PyObject) -> Fields {
+    let f = func as *mut capi::PyFunctionObject;
+    ((*f).func_code, (*f).func_defaults, (*f).func_kwdefaults)
 }

@@ -150,6 +150,11 @@ pub fn is_native(g: &Globals, obj: &Bound<'_, PyAny>, m: Method) -> bool {
     let Some(e) = entry(m) else { return false };
     unsafe {
         let tp = capi::Py_TYPE(obj.as_ptr());
+        // The native bodies read the instance dict where torch's code reads
+        // through the class's `__getattribute__`.
+        if !super::fast::plain_getattribute(g, tp) {
+            return false;
+        }
         let d = instance_dict(obj.as_ptr());
         if !d.is_null() && super::walk_facts::known_native(tp, d, m as u32) {
             return true;

@@ -36,6 +36,18 @@ pub unsafe fn is_fast_instance(g: &Globals, obj: *mut capi::PyObject) -> bool {
     !switched_off()
         && (capi::PyType_IsSubtype(tp, g.fast_module) != 0 || super::accelerated::contains(tp))
         && object_after_nn_module(g, tp)
+        && plain_getattribute(g, tp)
+}
+
+/// Does `tp` read attributes with `object.__getattribute__`? torch's code
+/// reads `self._parameters`, `self.__dict__`, ... through the class's
+/// `__getattribute__`; the native paths read the instance dict, which is the
+/// same only then. A class of its own, or a mixin before or after
+/// `nn.Module`, that defines one keeps torch's code.
+#[inline(always)]
+pub unsafe fn plain_getattribute(g: &Globals, tp: *mut capi::PyTypeObject) -> bool {
+    crate::cpython::type_cache::type_lookup(tp, g.names.dunder_getattribute)
+        == g.orig.object_getattribute
 }
 
 /// Does `super()` in torch's `nn.Module.__setattr__`/`__delattr__` reach

@@ -35,6 +35,7 @@ pub(super) fn native_allowed<'py>(
                 != ctx.cfg.set_extra_state.as_ptr()
             || crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class)
                 != g.orig.object_class
+            || !crate::instance::fast::plain_getattribute(g, tp)
         {
             return Ok(false);
         }

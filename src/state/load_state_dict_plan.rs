@@ -386,6 +386,7 @@ unsafe fn visit(
     if type_lookup(tp, lfsd) != orig.load_from_state_dict
         || type_lookup(tp, ses) != orig.set_extra_state
         || type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+        || !crate::instance::fast::plain_getattribute(g, tp)
     {
         return false;
     }

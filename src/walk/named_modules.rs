@@ -37,12 +37,32 @@ enum State {
 
 struct Frame {
     module: Py<PyAny>,
+    /// The module's prefix; when `name` is set, its parent's (the join was
+    /// skipped: only modules are wanted), made exact by [`exact_prefixes`]
+    /// before an overriding `named_modules` below it is handed one.
     prefix: Py<PyAny>,
+    /// The name under which its parent holds it, while `prefix` is not built.
+    name: Option<Py<PyAny>>,
     /// `prefix + "."`, built for the first child that needs it.
     dotted: Option<Py<PyAny>>,
     state: State,
     /// The frame's node in the plan being recorded.
     node: u32,
+}
+
+/// Build every prefix the walk skipped, from the root down (each frame's
+/// parent is exact by then), as torch's recursion would have built it.
+fn exact_prefixes(py: Python<'_>, stack: &mut [Frame]) -> PyResult<()> {
+    for i in 1..stack.len() {
+        let Some(name) = stack[i].name.take() else {
+            continue;
+        };
+        let parent = stack[i - 1].prefix.bind(py).clone();
+        let joined = join(&parent, name.bind(py), false)?;
+        stack[i].prefix = joined.unwrap_or(parent).unbind();
+        stack[i].dotted = None;
+    }
+    Ok(())
 }
 
 /// A frame a replay has open: its node and `_modules`' iteration.
@@ -123,6 +143,7 @@ impl NamedModules {
             stack: vec![Frame {
                 module: module.clone().unbind(),
                 prefix: prefix.clone().unbind(),
+                name: None,
                 dotted: None,
                 state: State::Entry,
                 node: 0,
@@ -323,6 +344,7 @@ impl NamedModules {
             stack.push(Frame {
                 module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
                 prefix: prefix.clone_ref(py),
+                name: None,
                 dotted: None,
                 state: State::Items(Items::resume(s.dict, s.pos, n.mods.used, s.left)),
                 node: NO_NODE,
@@ -339,6 +361,7 @@ impl NamedModules {
                 stack.push(Frame {
                     module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
                     prefix: prefix.clone_ref(py),
+                    name: None,
                     dotted: None,
                     state,
                     node: NO_NODE,
@@ -444,21 +467,31 @@ impl NamedModules {
                         }
                         continue;
                     }
-                    let prefix = top.prefix.bind(py).clone();
                     let native = is_native(g, &child, Method::NamedModules);
+                    if !native && self.stack.iter().any(|f| f.name.is_some()) {
+                        // An override receives its real prefix (torch's
+                        // recursion builds every one): join the skipped ones.
+                        exact_prefixes(py, &mut self.stack)?;
+                    }
+                    let Some(top) = self.stack.last_mut() else {
+                        continue;
+                    };
+                    let prefix = top.prefix.bind(py).clone();
                     // Names are only observable through named_modules (or a
-                    // delegate) or when building them could fail.
-                    let skip = native && self.values;
+                    // delegate) or when building them could fail. A recording
+                    // walk builds them all: its plan may be handed back to a
+                    // live walk that meets an override.
+                    let skip = native && self.values && self.rec.is_none();
                     let joined = if skip {
                         None
                     } else {
                         dotted_join(py, &mut top.dotted, &prefix, &name)
                     };
-                    let sub = match joined {
-                        Some(s) => s?,
+                    let (sub, skipped) = match joined {
+                        Some(s) => (s?, false),
                         None => match join(&prefix, &name, skip)? {
-                            Some(s) => s,
-                            None => prefix.clone(),
+                            Some(s) => (s, false),
+                            None => (prefix.clone(), true),
                         },
                     };
                     if depth as i64 >= unsafe { capi::Py_GetRecursionLimit() } as i64 {
@@ -506,6 +539,7 @@ impl NamedModules {
                     self.stack.push(Frame {
                         module: child.unbind(),
                         prefix: sub.unbind(),
+                        name: skipped.then(|| name.unbind()),
                         dotted: None,
                         state,
                         node,

@@ -183,14 +183,9 @@ pub unsafe fn forward(
     entry: *mut Entry,
 ) -> Option<*mut capi::PyObject> {
     let l = LEAVES.get()?;
-    // The steps read registered attributes (`self.weight`) as torch's
-    // `__getattr__` does, or remember such reads: not once it has another body.
-    if !crate::torch_api::originals::globals()?.orig.getattr_intact() {
-        return None;
-    }
     // Each by identity and by body: code swapped in since runs as Python.
     if func == l.linear_forward {
-        if !l.bodies.linear_forward.intact() {
+        if !l.bodies.linear_forward.intact() || !getattr_intact() {
             return None;
         }
         linear::linear(l, slf, input, entry)
@@ -207,6 +202,13 @@ pub unsafe fn forward(
     } else {
         table::forward(func, slf, input)
     }
+}
+
+/// The steps read registered attributes (`self.weight`) as torch's
+/// `__getattr__` does, or remember such reads: not once it has another body.
+#[inline(always)]
+pub(super) fn getattr_intact() -> bool {
+    crate::torch_api::originals::globals().is_some_and(|g| g.orig.getattr_intact())
 }
 
 /// The cached reads of `kind` on a just-validated entry.

@@ -428,7 +428,11 @@ pub(super) unsafe fn forward(func: Obj, slf: Obj, input: Obj) -> Option<Obj> {
     let t = TABLE.get()?;
     let l = t.layers.iter().find(|l| l.forward == func)?;
     let c = &t.common;
-    if capi::PyFunction_GetCode(func) != l.code || !l.guard.pass() || !c.tensor_methods_intact() {
+    if capi::PyFunction_GetCode(func) != l.code
+        || !l.guard.pass()
+        || !c.tensor_methods_intact()
+        || !super::getattr_intact()
+    {
         return None;
     }
     let kw = &t.kw;
