@@ -38,7 +38,7 @@ PYTEST_ARGS = $(TESTS) -q -p no:cacheprovider \
 
 # What `setup` installs beside torch; each matrix cell installs the same.
 TEST_TOOLS := "pytest>=8" "pytest-benchmark>=4" "pytest-randomly>=3.15" "hypothesis>=6" numpy \
-	"ruff>=0.5" expecttest transformers timm matplotlib
+	"ruff>=0.5" expecttest transformers timm matplotlib peft lightning
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
