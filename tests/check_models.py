@@ -71,3 +71,210 @@ def keywords() -> tuple[nn.Module, dict[str, object]]:
 
 def without_inputs() -> nn.Module:
     return Small().eval()
+
+
+# What models return and do, beyond a tensor (issue 29): each factory builds a model
+# that shows one case.
+
+
+def _tiny_config(name: str) -> object:
+    import transformers
+
+    common = {"vocab_size": 64}
+    if name == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, **common)
+    return transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        **common,
+    )
+
+
+def gpt2() -> tuple[nn.Module, dict[str, object]]:
+    """HF GPT-2 LM head from a tiny config, default configuration (it returns a
+    ``ModelOutput`` holding a ``DynamicCache``)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(_tiny_config("gpt2")).eval()  # type: ignore[arg-type]
+    return model, {"input_ids": torch.randint(0, 64, (1, 8))}
+
+
+def llama() -> tuple[nn.Module, dict[str, object]]:
+    """HF Llama causal LM from a tiny config, default configuration."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_tiny_config("llama")).eval()  # type: ignore[arg-type]
+    return model, {"input_ids": torch.randint(0, 64, (1, 8))}
+
+
+def lora() -> tuple[nn.Module, dict[str, object]]:
+    """The tiny Llama wrapped by PEFT's LoRA (q_proj, v_proj), default configuration."""
+    import peft
+
+    model, inputs = llama()
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    return peft.get_peft_model(model, config).eval(), inputs  # type: ignore[arg-type]
+
+
+class Distribution(nn.Module):
+    """Returns a ``torch.distributions.Normal`` (an object with a ``__dict__``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.distributions.Normal:
+        return torch.distributions.Normal(self.loc(x), 1.0)
+
+
+def distribution() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Distribution().eval(), torch.randn(3, 4)
+
+
+class Namespace(nn.Module):
+    """Returns a ``SimpleNamespace`` holding a tensor, a number and a cycle back to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> object:
+        import types
+
+        out = types.SimpleNamespace(y=self.proj(x), n=3, extras=[])
+        out.extras.append(out)  # a cycle
+        return out
+
+
+def namespace() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Namespace().eval(), torch.randn(3, 4)
+
+
+class NanOutput(nn.Module):
+    """Returns a tuple holding a tensor with NaNs and a Python ``nan``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        return self.proj(x) * torch.tensor([float("nan"), 1.0]), float("nan")
+
+
+def nan_output() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return NanOutput().eval(), torch.randn(3, 4)
+
+
+def lazy() -> tuple[nn.Module, torch.Tensor]:
+    """Lazy modules: their parameters exist after the first call only."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LazyLinear(3), nn.ReLU(), nn.LazyLinear(2)).eval(), torch.randn(2, 5)
+
+
+class RebindsBuffer(nn.Module):
+    """Forward rebinds a registered buffer to a new, longer tensor (a growing history)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("history", torch.zeros(0))
+        self.proj = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.history = torch.cat([self.history, self.proj(x).sum(0)])
+        return self.history * 2
+
+
+def rebinds_buffer() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return RebindsBuffer().eval(), torch.randn(2, 3)
+
+
+def rejects() -> tuple[nn.Module, torch.Tensor]:
+    """Inputs of the wrong width: the model raises on them in every run."""
+    torch.manual_seed(0)
+    return Small().eval(), torch.randn(4, 5)
+
+
+class Shift(nn.Module):
+    """Adds 1 when accelerated: a difference deep in the tree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if fastmodule.is_accelerated(self) else x
+
+
+class RaisesAccelerated(nn.Module):
+    """Raises only when accelerated."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fastmodule.is_accelerated(self):
+            raise ValueError("only when accelerated")
+        return x
+
+
+class RaisesDifferently(nn.Module):
+    """Raises in every run, with another message when accelerated."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("accelerated" if fastmodule.is_accelerated(self) else "stock")
+
+
+def _deep(inner: nn.Module) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), inner), nn.Linear(4, 2))
+    return model.eval(), torch.randn(2, 4)
+
+
+def shift() -> tuple[nn.Module, torch.Tensor]:
+    return _deep(Shift())
+
+
+def raises_accelerated() -> tuple[nn.Module, torch.Tensor]:
+    return _deep(RaisesAccelerated())
+
+
+def raises_differently() -> tuple[nn.Module, torch.Tensor]:
+    return _deep(RaisesDifferently())
+
+
+class QuickStart(fastmodule.Module):
+    """The README's quick start: a ``fastmodule.Module`` subclass holding torch layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def quick_start() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return QuickStart().eval(), torch.randn(4, 8)
+
+
+class Interrupted(Small):
+    """Its second call is interrupted, as Ctrl-C interrupts it (KeyboardInterrupt)."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        if type(self).calls == 2:
+            raise KeyboardInterrupt
+        return super().forward(x)
+
+
+def interrupted() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    Interrupted.calls = 0
+    return Interrupted().eval(), torch.randn(4, 8)

@@ -1,5 +1,5 @@
 """``python -m fastmodule check FACTORY``: exit statuses 0/1/2/3, --input shapes, JSON
-(schema 1)."""
+(schema 1), errors (the model's, the options') as exit 2 and as JSON, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def test_nondeterministic_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
         (["tests.check_models:small", "--input", "4xeight"], "SHAPE[:DTYPE]"),
         (["tests.check_models:small", "--dtype", "float77"], "unknown dtype"),
         (["tests.check_models:small", "--device", "nosuchdevice"], "--device"),
+        (["tests.check_models:small", "--dtype", "int64"], "not a floating-point dtype"),
+        (["tests.check_models:small", "--repeats", "-3"], "--repeats must be at least 1"),
+        (["tests.check_models:small", "--threads", "0"], "--threads must be at least 1"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -95,6 +98,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "inputs",
         "mode",
         "device",
+        "threads",
         "parity",
         "module_calls",
         "native_calls",
@@ -102,6 +106,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "timings",
         "speedup",
         "compiled_speedup",
+        "notes",
         "exit_status",
     }
     assert data["parity"]["identical"] is True and data["exit_status"] == 0
@@ -111,7 +116,11 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "differences",
         "stock_differences",
         "compared",
+        "not_compared",
+        "diverged",
+        "raised",
     }
+    assert data["threads"] == 1 and data["parity"]["diverged"] is None
     timings = data["timings"]
     assert timings["repeats"] == 2 and timings["compiled"] is None
     assert set(timings["stock"]) == {"median", "min", "max"}
@@ -127,3 +136,78 @@ def test_subprocess_end_to_end() -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert "DIFFERENT from stock" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("factory", "package"), [("gpt2", "transformers"), ("llama", "transformers"), ("lora", "peft")]
+)
+def test_hf_models_identical_exit_0(
+    capsys: pytest.CaptureFixture[str], factory: str, package: str
+) -> None:
+    pytest.importorskip(package)
+    status, out, _ = run(capsys, f"tests.check_models:{factory}", *FAST)
+    assert status == 0, out
+    assert out.splitlines()[1].startswith("parity       identical")
+
+
+def test_model_rejecting_the_inputs_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(capsys, "tests.check_models:rejects", *FAST)
+    assert status == 2 and out == ""
+    assert "first stock run" in err and "RuntimeError: " in err
+    assert "mat1 and mat2 shapes cannot be multiplied" in err
+    assert "Traceback" not in err
+
+
+def test_errors_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:rejects", "--json", *FAST)
+    data = json.loads(out)
+    assert status == 2 and data["exit_status"] == 2 and data["schema"] == SCHEMA
+    assert "mat1 and mat2" in data["error"]
+    assert data["raised"]["run"] == "first stock run"
+    assert data["raised"]["type"] == "RuntimeError"
+    # The innermost frame outside torch: Small.forward's line.
+    assert "check_models.py:" in data["raised"]["where"]
+    status, out, _ = run(capsys, "tests.check_models:small", "--json", "--repeats", "-3")
+    assert status == 2
+    assert json.loads(out) == {
+        "schema": SCHEMA,
+        "error": "--repeats must be at least 1, got -3",
+        "raised": None,
+        "exit_status": 2,
+    }
+    status, out, _ = run(capsys, "tests.check_models:nosuch", "--json")
+    assert status == 2 and "nosuch" in json.loads(out)["error"]
+
+
+def test_raising_when_accelerated_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:raises_accelerated", *FAST)
+    assert status == 1
+    assert "the stock run returned; the accelerated run raised ValueError" in out
+    assert "diverges at  1.1 (RaisesAccelerated)" in out
+
+
+def test_where_it_diverges_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:shift", "--json", *FAST)
+    assert status == 1
+    diverged = json.loads(out)["parity"]["diverged"]
+    assert diverged == {
+        "module": "1.1",
+        "cls": "Shift",
+        "call": 1,
+        "differences": ["output: 8 of 8 values differ (max abs difference 1)"],
+        "note": None,
+    }
+
+
+def test_quick_start_model_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "tests.check_models:quick_start", *FAST)
+    assert status == 0, out
+
+
+def test_ctrl_c_one_line_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    # KeyboardInterrupt raised in the model's forward, as Ctrl-C raises it there.
+    status, out, err = run(capsys, "tests.check_models:interrupted", *FAST)
+    assert status == 130 and out == ""
+    # One line, after the progress lines (stderr is not a terminal here).
+    said = [line for line in err.splitlines() if not line.startswith("[")]
+    assert len(said) == 1 and "interrupted" in said[0], err

@@ -75,8 +75,8 @@ def prepare(
     """The model and inputs ``check`` runs on.
 
     Raises:
-        InputError: no inputs at all, a malformed ``--input``, an unknown dtype or an
-            unusable device.
+        InputError: no inputs at all, a malformed ``--input``, an unknown or
+            non-floating dtype, an unusable device, or moving the model there raised.
     """
     if specs:
         generator = torch.Generator().manual_seed(0)
@@ -95,8 +95,22 @@ def prepare(
     except RuntimeError as e:
         raise InputError(f"--device {device!r}: {e}") from None
     to_dtype = _dtype(dtype) if dtype else None
-    model = loaded.model.to(device=target)
-    if to_dtype is not None:
-        model = model.to(dtype=to_dtype)
-    moved = Inputs(_moved(inputs.args, target, to_dtype), _moved(inputs.kwargs, target, to_dtype))
+    if to_dtype is not None and not to_dtype.is_floating_point:
+        raise InputError(
+            f"--dtype {dtype}: not a floating-point dtype; --dtype converts the model's "
+            "floating-point parameters, buffers and inputs, so use float64, float32, "
+            "float16 or bfloat16 (integer inputs such as token ids: --input 1x8:int64)"
+        )
+    try:
+        model = loaded.model.to(device=target)
+        if to_dtype is not None:
+            model = model.to(dtype=to_dtype)
+        moved = Inputs(
+            _moved(inputs.args, target, to_dtype), _moved(inputs.kwargs, target, to_dtype)
+        )
+    except (RuntimeError, TypeError, ValueError) as e:
+        where = f"--device {device}" + (f" --dtype {dtype}" if dtype else "")
+        raise InputError(
+            f"{where}: moving the model and inputs raised {type(e).__name__}: {e}"
+        ) from e
     return model, moved

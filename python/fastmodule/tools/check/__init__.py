@@ -4,26 +4,46 @@ stock one on these inputs, and how much faster is it?
 Acceleration is per class and in place, so the comparison runs in one process on one
 model object: stock, stock again (a model that differs from itself is reported as
 nondeterministic), then accelerated, each from the same parameters, buffers, grads
-and RNG states; then the three ways of running it (stock, accelerated,
-``torch.compile`` of a copy) are timed interleaved.
+and RNG states, in the same grad mode as the timing (a forward under
+``torch.no_grad()``; with ``train``, a forward and backward with grad); then the three
+ways of running it (stock, accelerated, ``torch.compile`` of a copy) are timed
+interleaved. A model holding ``fastmodule.Module`` subclasses runs stock inside
+``fastmodule.disabled()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from fastmodule import _core
-from fastmodule.acceleration import NATIVE
+from fastmodule.acceleration import NATIVE, accelerated
 from fastmodule.module import Module
 from fastmodule.tools.check.handovers import CallCount, count_handovers
-from fastmodule.tools.check.parity import Parity, check_parity
+from fastmodule.tools.check.parity import Parity, Ways, check_parity
 from fastmodule.tools.check.report import CheckReport
-from fastmodule.tools.check.runs import Inputs, Snapshot
+from fastmodule.tools.check.runs import CheckError, Inputs, Snapshot, Way, run_once
 from fastmodule.tools.check.timing import Timings, time_model
+from fastmodule.tools.check.where import Divergence
 
-__all__ = ["CallCount", "CheckReport", "Parity", "Timings", "check", "describe_inputs"]
+__all__ = [
+    "CallCount",
+    "CheckError",
+    "CheckReport",
+    "Divergence",
+    "Parity",
+    "Timings",
+    "check",
+    "describe_inputs",
+]
+
+#: The grad mode of a forward check (parity and timing alike).
+FORWARD_MODE = "forward under torch.no_grad()"
+#: With ``train=True``.
+TRAIN_MODE = "train step: forward + backward with grad, training mode"
 
 
 def _core_accelerated(cls: type) -> bool:
@@ -43,6 +63,74 @@ def describe_inputs(inputs: Inputs) -> str:
     return ", ".join(parts) or "none"
 
 
+def _stock_way(model: torch.nn.Module) -> Way:
+    """How to run ``model`` stock: as it is (its classes are restored for the check),
+    or inside ``fastmodule.disabled()`` when it holds ``fastmodule.Module`` subclasses
+    (they have no stock class to restore)."""
+    native = sorted({type(m).__qualname__ for m in model.modules() if isinstance(m, Module)})
+    if not native:
+        return contextlib.nullcontext
+    import fastmodule
+
+    disabled = getattr(fastmodule, "disabled", None)
+    if disabled is None:
+        raise CheckError(
+            f"these classes are fastmodule.Module subclasses: {', '.join(native)}; they "
+            "always run fastmodule's native paths, and comparing them with stock needs "
+            "fastmodule.disabled(), which this fastmodule does not have yet. Build the "
+            "model from torch.nn classes (check accelerates them itself), or update "
+            "fastmodule"
+        )
+    return disabled
+
+
+def _lazy_modules(model: torch.nn.Module) -> list[str]:
+    return sorted(
+        {
+            type(m).__qualname__
+            for m in model.modules()
+            if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()
+        }
+    )
+
+
+def _materialise(model: torch.nn.Module, inputs: Inputs, stock: Way) -> list[str]:
+    """Run ``model`` once stock, in eval mode without grad, so its lazy modules get
+    their parameters; the rest is put back as it was (values, training flags, RNG).
+    Returns the lazy classes it had.
+
+    Raises:
+        CheckError: the run raised.
+    """
+    lazy = _lazy_modules(model)
+    if not lazy:
+        return []
+    snapshot = Snapshot(model)
+    try:
+        for m in model.modules():
+            m.training = False
+        result = run_once(model, inputs, snapshot, train=False, way=stock)
+    finally:
+        snapshot.restore()
+    if result.error is not None:
+        raise CheckError(
+            "the model raised on these inputs in the first stock run (run to materialise "
+            f"its lazy modules: {', '.join(lazy)}): {result.error}",
+            run="first stock run (materialising lazy modules)",
+            error=result.error,
+        )
+    return lazy
+
+
+def _accelerated_classes(model: torch.nn.Module) -> list[type]:
+    classes = {type(m): None for m in model.modules()}
+    return [
+        cls
+        for cls in classes
+        if NATIVE and not issubclass(cls, Module) and _core.is_accelerated_class(cls)
+    ]
+
+
 def check(
     model: torch.nn.Module,
     *example_args: Any,
@@ -50,67 +138,113 @@ def check(
     timing: bool = True,
     compile: bool = True,
     repeats: int = 15,
+    threads: int | None = None,
     progress: bool = True,
     **example_kwargs: Any,
 ) -> CheckReport:
     """Compare ``model(*example_args, **example_kwargs)`` stock and accelerated, exactly,
     and time both (and ``torch.compile`` unless ``compile=False``).
 
-    With ``train=True`` each run is a forward and a ``backward()`` of the sum of the
-    floating-point outputs in training mode, and the grads are compared too. The
-    parameters, buffers, grads, training flags and RNG states of ``model`` are as
-    before when this returns; classes that were accelerated before stay so.
+    Each run is a forward under ``torch.no_grad()``, for the comparison and the timing
+    alike; with ``train=True`` it is a forward and a ``backward()`` of the sum of the
+    floating-point outputs in training mode, with grad, and the grads are compared too.
+    Whatever the model returns is compared: tensors bitwise, containers, dataclasses,
+    ``ModelOutput``s, caches and other objects field by field (see
+    :mod:`fastmodule.tools.check.compare`). A run that raises is a result too: raising in
+    one run and not in another, or differently, is a difference. On a difference the
+    first module whose output differs is named (``report.parity.diverged``).
+
+    Lazy modules are materialised by a first stock run; otherwise the parameters,
+    buffers (the registered objects and their values), grads, training flags and RNG
+    states of ``model`` are as before when this returns; classes that were accelerated
+    before stay so. ``threads`` sets ``torch.set_num_threads`` for the check (None:
+    as it is). ``str(report)`` is the formatted report.
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``.
-        ValueError: the model holds ``fastmodule.Module`` subclasses (they have no
-            stock version to compare with: build it from ``torch.nn`` classes).
+        ValueError: ``repeats`` or ``threads`` below 1.
+        CheckError: the model raised the same error in every run (it rejects the
+            inputs; ``error.run`` says which run, ``error.error`` what it raised), or it
+            holds ``fastmodule.Module`` subclasses and this fastmodule cannot run them
+            stock.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fastmodule.check expects a torch.nn.Module, got {type(model).__name__}")
-    native_classes = sorted(
-        {type(m).__qualname__ for m in model.modules() if isinstance(m, Module)}
-    )
-    if native_classes:
-        raise ValueError(
-            "fastmodule.check compares a model with its stock self, and these classes are "
-            f"fastmodule.Module subclasses with no stock version: {', '.join(native_classes)}. "
-            "Build the model from torch.nn classes; check accelerates it itself."
-        )
+    if timing and repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    stock = _stock_way(model)
+    ways = Ways(stock=stock, fast=lambda: accelerated(model))
     inputs = Inputs(tuple(example_args), dict(example_kwargs))
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     # Classes accelerated before (accelerate(), install()) run stock for the check.
-    before = [cls for cls in {type(m): None for m in model.modules()} if _core_accelerated(cls)]
+    before = _accelerated_classes(model)
     for cls in before:
         _core.restore_class(cls)
+    bar = None
     try:
+        lazy = _materialise(model, inputs, stock)
+        if lazy:  # materialising changes classes (LazyLinear -> Linear)
+            for cls in _accelerated_classes(model):
+                _core.restore_class(cls)
+                before.append(cls)
         steps = 1 + ((repeats + (1 if compile else 0)) if timing else 0)
-        bar = None
         if progress:
             # (The bench package is imported only when a check runs.)
             from fastmodule.bench.progress import Progress
 
             bar = Progress(steps)
-        if bar:
             bar.step("parity: stock, stock again, accelerated; counting module calls")
-        parity = check_parity(model, inputs, train=train)
-        calls = count_handovers(model, inputs, Snapshot(model), train=train)
-        timings = (
-            time_model(model, inputs, train=train, repeats=repeats, compile=compile, progress=bar)
-            if timing
-            else None
+        parity = check_parity(model, inputs, train=train, ways=ways)
+        calls = count_handovers(
+            model, inputs, Snapshot(model), train=train, stock=stock, fast=ways.fast
         )
+        notes = []
+        if lazy:
+            notes.append(
+                f"lazy modules ({', '.join(lazy)}) were materialised by a first stock run "
+                "before the comparison"
+            )
+        timings = None
+        if timing and parity.raised:
+            notes.append("not timed: a run raised")
+        elif timing:
+            try:
+                timings = time_model(
+                    model,
+                    inputs,
+                    train=train,
+                    repeats=repeats,
+                    compile=compile,
+                    progress=bar,
+                    stock=stock,
+                    fast=ways.fast,
+                )
+            except CheckError as e:  # the verdict stands; say why there are no timings
+                notes.append(f"not timed: {e}")
         if bar:
             bar.done()
+            bar = None
     finally:
+        if bar is not None and bar.tty:
+            bar.stream.write("\n")  # end the progress line (an error or Ctrl-C follows)
+            bar.stream.flush()
         for cls in before:
             _core.accelerate_class(cls)
+        if threads is not None:
+            torch.set_num_threads(previous_threads)
     device = next((str(t.device) for t in model.parameters()), "cpu")
     return CheckReport(
         model=type(model).__qualname__,
         inputs=describe_inputs(inputs),
-        mode="train step (forward + backward)" if train else "forward",
+        mode=TRAIN_MODE if train else FORWARD_MODE,
         device=device,
         parity=parity,
         calls=calls,
         timings=timings,
+        threads=threads if threads is not None else previous_threads,
+        notes=notes,
     )

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from fastmodule import _core
-from fastmodule.acceleration import NATIVE, accelerated
-from fastmodule.tools.check.runs import Inputs, Snapshot, run_once
+from fastmodule.acceleration import NATIVE
+from fastmodule.tools.check.runs import Inputs, Snapshot, Way, run_once
 
 __all__ = ["Handover", "CallCount", "count_handovers"]
 
@@ -42,9 +42,17 @@ class CallCount:
 
 
 def count_handovers(
-    model: torch.nn.Module, inputs: Inputs, snapshot: Snapshot, *, train: bool
+    model: torch.nn.Module,
+    inputs: Inputs,
+    snapshot: Snapshot,
+    *,
+    train: bool,
+    stock: Way,
+    fast: Way,
 ) -> CallCount:
-    """Count one run's module calls and explain those that hand over to torch."""
+    """Count one run's module calls (run the ``stock`` way; a run that raises counts
+    the calls made until then) and explain, the ``fast`` way, those that hand over to
+    torch."""
     counts: Counter[int] = Counter()
     modules: dict[int, torch.nn.Module] = {}
 
@@ -54,14 +62,14 @@ def count_handovers(
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
-        run_once(model, inputs, snapshot, train=train)
+        run_once(model, inputs, snapshot, train=train, way=stock)
     finally:
         handle.remove()
         snapshot.restore()
     total = sum(counts.values())
     grouped: Counter[tuple[str, str]] = Counter()
     instances: dict[tuple[str, str], set[int]] = {}
-    with accelerated(model):
+    with fast():
         for key, n in counts.items():
             module = modules[key]
             reason = (

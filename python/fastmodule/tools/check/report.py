@@ -4,21 +4,46 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastmodule.tools.check.handovers import CallCount
 from fastmodule.tools.check.parity import Parity
-from fastmodule.tools.check.timing import Timing, Timings
+from fastmodule.tools.check.runs import CheckError
+from fastmodule.tools.check.timing import NOISY, Timing, Timings
 
-__all__ = ["CheckReport", "EXIT_DIFFERENT", "EXIT_NONDETERMINISTIC", "EXIT_OK", "SCHEMA"]
+__all__ = [
+    "CheckReport",
+    "EXIT_DIFFERENT",
+    "EXIT_NONDETERMINISTIC",
+    "EXIT_OK",
+    "EXIT_UNUSABLE",
+    "SCHEMA",
+    "raised_json",
+]
 
 #: The JSON layout's version; bumped when a field changes meaning or goes away.
 SCHEMA = 1
 #: Exit statuses of ``python -m fastmodule check``.
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
+#: The factory, the options or the inputs cannot be used, or the model raised on the
+#: inputs in every run.
+EXIT_UNUSABLE = 2
 EXIT_NONDETERMINISTIC = 3
+
+
+def raised_json(error: CheckError | None) -> dict[str, Any] | None:
+    """For the JSON of an error (``check --json`` when nothing could be compared): which
+    run raised and what, when the model raised; None otherwise."""
+    if error is None or error.error is None:
+        return None
+    return {
+        "run": error.run,
+        "type": error.error.type,
+        "message": error.error.message,
+        "where": error.error.where,
+    }
 
 
 @dataclass(frozen=True)
@@ -33,6 +58,26 @@ class CheckReport:
     #: Module calls of one run, and those that stay on torch's path, by class and why.
     calls: CallCount
     timings: Timings | None
+    #: torch's intra-op threads during the check.
+    threads: int = 1
+    #: Things to know about this check (lazy modules materialised, not timed, ...).
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    @property
+    def all_notes(self) -> list[str]:
+        """:attr:`notes`, and a note when the timings say the machine is noisy."""
+        notes = list(self.notes)
+        t = self.timings
+        if t is not None and t.noisy:
+            notes.append(
+                f"the timings are noisy: the slowest round took {t.spread:.1f}x the fastest "
+                f"(over {NOISY:g}x): the machine is busy, so the speedups are rough; rerun "
+                "on an idle machine or with more --repeats"
+            )
+        return notes
 
     @property
     def exit_status(self) -> int:
@@ -49,6 +94,7 @@ class CheckReport:
             "inputs": self.inputs,
             "mode": self.mode,
             "device": self.device,
+            "threads": self.threads,
             "parity": dataclasses.asdict(self.parity),
             "module_calls": self.calls.calls,
             "native_calls": self.calls.native_calls,
@@ -56,6 +102,7 @@ class CheckReport:
             "timings": dataclasses.asdict(self.timings) if self.timings else None,
             "speedup": self.timings.speedup if self.timings else None,
             "compiled_speedup": self.timings.compiled_speedup if self.timings else None,
+            "notes": self.all_notes,
             "exit_status": self.exit_status,
         }
 
@@ -66,8 +113,10 @@ class CheckReport:
     def format(self) -> str:
         """The report as lines for a terminal."""
         p = self.parity
+        threads = f"{self.threads} thread{'' if self.threads == 1 else 's'}"
         lines = [
-            f"fastmodule check  {self.model}  ({self.mode}, {self.device}, inputs {self.inputs})"
+            f"fastmodule check  {self.model}  ({self.mode}, {self.device}, {threads}, "
+            f"inputs {self.inputs})"
         ]
         if p.nondeterministic:
             lines.append("parity       NOT CHECKED: two stock runs from the same state differ")
@@ -82,6 +131,16 @@ class CheckReport:
         else:
             lines.append("parity       DIFFERENT from stock")
             lines += [f"             {d}" for d in p.differences]
+        lines += [f"             not compared: {n}" for n in p.not_compared]
+        d = p.diverged
+        if d is not None and d.module is not None:
+            lines.append(f"diverges at  {d.describe()}: the first module whose output differs")
+            lines += [f"             {x}" for x in d.differences]
+            if d.note:
+                lines.append(f"             ({d.note})")
+        elif d is not None:
+            lines.append("diverges at  no module named" + (f": {d.note}" if d.note else ""))
+            lines += [f"             {x}" for x in d.differences]
         c = self.calls
         lines.append(
             f"module calls {c.native_calls} of {c.calls} in one run take fastmodule's native path"
@@ -108,6 +167,7 @@ class CheckReport:
                 )
             elif t.compile_note:
                 lines.append(f"  torch.compile  {t.compile_note}")
+        lines += [f"note         {n}" for n in self.all_notes]
         return "\n".join(lines)
 
 

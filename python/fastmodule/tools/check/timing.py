@@ -6,19 +6,30 @@ import contextlib
 import copy
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from fastmodule.acceleration import accelerated
-from fastmodule.tools.check.runs import Inputs, Snapshot, restored_after, scalar_loss
+from fastmodule.tools.check.runs import (
+    CheckError,
+    Inputs,
+    RunError,
+    Snapshot,
+    Way,
+    grad_mode,
+    restored_after,
+    scalar_loss,
+)
 
 if TYPE_CHECKING:
     from fastmodule.bench.progress import Progress
 
-__all__ = ["Timing", "Timings", "time_model"]
+__all__ = ["NOISY", "Timing", "Timings", "time_model"]
+
+#: Slowest over fastest sample of one way of running above this: the machine is noisy.
+NOISY = 2.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,11 @@ class Timing:
     def of(cls, samples: list[float]) -> Timing:
         """Summarise per-call samples."""
         return cls(statistics.median(samples), min(samples), max(samples))
+
+    @property
+    def spread(self) -> float:
+        """Slowest sample over fastest."""
+        return self.max / self.min if self.min > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,16 @@ class Timings:
         """Median stock time over median compiled time."""
         return self.stock.median / self.compiled.median if self.compiled else None
 
+    @property
+    def spread(self) -> float:
+        """The widest slowest-over-fastest ratio of stock, fastmodule and compiled."""
+        return max(t.spread for t in (self.stock, self.fast, self.compiled) if t is not None)
+
+    @property
+    def noisy(self) -> bool:
+        """Samples of one way of running spread wider than :data:`NOISY` times."""
+        return self.spread > NOISY
+
 
 def _step(
     model: torch.nn.Module, inputs: Inputs, train: bool, sync: Callable[[], None] | None
@@ -65,14 +91,15 @@ def _step(
     args, kwargs = inputs.fresh()
 
     def call() -> None:
-        if train:
-            for p in model.parameters():
-                p.grad = None
-            loss = scalar_loss(model(*args, **kwargs))
-            if loss is not None:
-                loss.backward()
-        else:
-            with torch.no_grad():
+        # The grad mode of the parity runs (runs.grad_mode).
+        with grad_mode(train):
+            if train:
+                for p in model.parameters():
+                    p.grad = None
+                loss = scalar_loss(model(*args, **kwargs))
+                if loss is not None:
+                    loss.backward()
+            else:
                 model(*args, **kwargs)
         if sync is not None:
             sync()
@@ -81,14 +108,24 @@ def _step(
 
 
 def _loop(
-    call: Callable[[], None], context: Callable[[], contextlib.AbstractContextManager[object]]
-):
+    kind: str, call: Callable[[], None], context: Way, reset: Callable[[], None]
+) -> Callable[[int], float]:
     def run(number: int) -> float:
-        with context():
-            start = time.perf_counter()
-            for _ in range(number):
-                call()
-            return time.perf_counter() - start
+        reset()  # each timed loop from the same state (untimed)
+        try:
+            with context():
+                start = time.perf_counter()
+                for _ in range(number):
+                    call()
+                return time.perf_counter() - start
+        except Exception as e:
+            error = RunError.of(e)
+            raise CheckError(
+                f"the {kind} run raised while being timed (calls in a row, each from the "
+                f"state the one before left): {error}",
+                run=f"{kind} run (timing)",
+                error=error,
+            ) from e
 
     return run
 
@@ -102,9 +139,23 @@ def time_model(
     target_s: float = 0.1,
     compile: bool = True,
     progress: Progress | None = None,
+    stock: Way = contextlib.nullcontext,
+    fast: Way | None = None,
 ) -> Timings:
-    """Time stock, accelerated and (with ``compile``) ``torch.compile`` of a copy of
-    ``model``, ``repeats`` interleaved rounds of about ``target_s`` seconds each."""
+    """Time ``model`` run the ``stock`` way, the ``fast`` way (default: accelerated) and
+    (with ``compile``) ``torch.compile`` of a copy of it, ``repeats`` interleaved rounds
+    of about ``target_s`` seconds each. Each timed loop of calls starts from the state
+    the model had (its parameters, buffers, grads and RNG put back, untimed).
+
+    Raises:
+        CheckError: a run raised while being timed (``check`` notes it: no timings).
+    """
+    if fast is None:
+        from fastmodule.acceleration import accelerated
+
+        fast_way: Way = lambda: accelerated(model)  # noqa: E731
+    else:
+        fast_way = fast
     device = next((t.device for t in model.parameters()), torch.device("cpu"))
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     snapshot = Snapshot(model)
@@ -113,12 +164,15 @@ def time_model(
             model.train()
         call = _step(model, inputs, train, sync)
 
-        @contextlib.contextmanager
-        def fast() -> Iterator[None]:
-            with accelerated(model):
-                yield
+        def reset() -> None:
+            snapshot.restore()
+            if train:
+                model.train()
 
-        loops = {"stock": _loop(call, contextlib.nullcontext), "fast": _loop(call, fast)}
+        loops = {
+            "stock": _loop("stock", call, stock, reset),
+            "fast": _loop("accelerated", call, fast_way, reset),
+        }
         compiled_note: str | None = None
         compile_s: float | None = None
         if compile:
@@ -126,12 +180,21 @@ def time_model(
                 progress.step("torch.compile (first call compiles)")
             try:
                 twin = copy.deepcopy(model)
+                twin_snapshot = Snapshot(twin)
+
+                def reset_twin() -> None:
+                    twin_snapshot.restore()
+                    if train:
+                        twin.train()
+
                 compiled_model = torch.compile(twin)
                 compiled_call = _step(compiled_model, inputs, train, sync)  # type: ignore[arg-type]
                 start = time.perf_counter()
                 compiled_call()
                 compile_s = time.perf_counter() - start
-                loops["compiled"] = _loop(compiled_call, contextlib.nullcontext)
+                loops["compiled"] = _loop(
+                    "torch.compile", compiled_call, contextlib.nullcontext, reset_twin
+                )
             except Exception as error:  # noqa: BLE001 - reported, the rest still runs
                 compiled_note = f"torch.compile failed: {type(error).__name__}: {error}"
         else:
