@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "tests" / "audit_example.py")
 
 
+@pytest.fixture(autouse=True)
+def unwrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One line per finding (COLUMNS would wrap the text)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     status = main(["audit", *argv])
     out, err = capsys.readouterr()
@@ -62,9 +68,11 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["model"] == "Net"
     fields = ["code", "severity", "path", "attribute", "class", "message", "why", "fix"]
     for f in data["findings"]:
-        assert list(f) == fields
+        assert list(f) == [*fields, "file", "line"]
         assert all(isinstance(f[k], str) for k in fields)
         assert f["severity"] == KINDS[f["code"]].severity
+    # Where the source was found: the assignments in tests/audit_example.py.
+    assert [(f["file"], f["line"]) for f in data["findings"]] == [(EXAMPLE, 15), (EXAMPLE, 16)]
     assert [(f["code"], f["path"], f["attribute"]) for f in data["findings"]] == [
         ("FM001", "", "layers"),
         ("FM005", "", "mask"),
@@ -77,6 +85,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "error": 1,
         "warning": 1,
         "info": 0,
+        "suppressed": 0,
     }
     assert set(SEVERITIES) <= set(data["summary"])
 

@@ -192,6 +192,41 @@ def ordered_registry() -> nn.Module:
     return m
 
 
+class Helper:
+    """A plain object (not a module) that holds a module and a parameter."""
+
+    def __init__(self) -> None:
+        self.proj = nn.Linear(4, 4)
+        self.gain = nn.Parameter(torch.ones(4))
+
+
+class HelperModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.gain = nn.Parameter(torch.ones(4))
+
+
+def module_in_helper() -> nn.Module:
+    m = Body()
+    m.helper = Helper()
+    del m.helper.gain
+    return m
+
+
+def param_in_helper() -> nn.Module:
+    m = Body()
+    m.helper = Helper()
+    del m.helper.proj
+    return m
+
+
+def helper_registered() -> nn.Module:
+    m = Body()
+    m.helper = HelperModule()
+    return m
+
+
 Factory = Callable[[], nn.Module]
 # code -> (models with the bug, the same models written correctly)
 CASES: dict[str, tuple[list[Factory], list[Factory]]] = {
@@ -212,6 +247,8 @@ CASES: dict[str, tuple[list[Factory], list[Factory]]] = {
     "FM015": ([computed], [Body]),
     "FM016": ([own_getattr], [Body]),
     "FM017": ([ordered_registry], [Body]),
+    "FM018": ([module_in_helper], [helper_registered]),
+    "FM019": ([param_in_helper], [helper_registered]),
 }
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "Module",
     "PathStatus",
     "StrictRegistrationError",
+    "StrictRegistrationInfo",
     "StrictRegistrationWarning",
     "UnverifiedWarning",
     "__version__",
@@ -85,6 +86,7 @@ _TOOLS = {
     "strict": "fastmodule.tools.strict",
     "strict_enabled": "fastmodule.tools.strict",
     "StrictRegistrationError": "fastmodule.tools.strict",
+    "StrictRegistrationInfo": "fastmodule.tools.strict",
     "StrictRegistrationWarning": "fastmodule.tools.strict",
 }
 
@@ -93,10 +95,16 @@ if _TYPE_CHECKING:
     from fastmodule.tools.check import check
     from fastmodule.tools.strict import (
         StrictRegistrationError,
+        StrictRegistrationInfo,
         StrictRegistrationWarning,
         strict,
         strict_enabled,
     )
+
+
+def __dir__() -> list[str]:
+    # The tools imported on first use are attributes too (dir(), completion).
+    return sorted({*globals(), *_TOOLS})
 
 
 def __getattr__(name: str) -> object:

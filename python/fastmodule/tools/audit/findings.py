@@ -55,6 +55,10 @@ class Finding:
     why: str
     #: What to do about it.
     fix: str
+    #: The source file and line of the statement it is about (the assignment of the
+    #: attribute, the class statement), where the source can be found; else None.
+    file: str | None = None
+    line: int | None = None
 
     @property
     def where(self) -> str:
@@ -73,6 +77,8 @@ class Finding:
             "message": self.message,
             "why": self.why,
             "fix": self.fix,
+            "file": self.file,
+            "line": self.line,
         }
 
 
@@ -213,6 +219,23 @@ _KINDS = (
         "module registry that is not a plain dict",
         "fastmodule's native attribute read leaves such a module to torch's __getattr__",
         "nothing, unless that speed matters",
+    ),
+    Kind(
+        "FM018",
+        "error",
+        "modules held by a plain (not nn.Module) object attribute",
+        "torch does not look into plain objects: " + _NOT_REGISTERED,
+        "make the object's class an nn.Module (so assigning it registers what it holds), "
+        "or assign the modules to the model itself",
+    ),
+    Kind(
+        "FM019",
+        "error",
+        "parameters held by a plain (not nn.Module) object attribute",
+        "torch does not look into plain objects: not registered: not trained (not in "
+        "parameters()), not saved (state_dict()), not moved (.to())",
+        "make the object's class an nn.Module (so assigning it registers what it holds), "
+        "or assign the parameters to the model itself",
     ),
 )
 

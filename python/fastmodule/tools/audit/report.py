@@ -15,12 +15,17 @@ JSON schema, version 1 (``AuditReport.to_dict()``, ``python -m fastmodule audit
           "class": "Net",              # __qualname__ of that module's class
           "message": "...",            # what was found
           "why": "...",                # why it matters
-          "fix": "..."                 # what to do
+          "fix": "...",                # what to do
+          "file": "net.py",            # source of the statement it is about, or null
+          "line": 8                    # its line, or null
         }
       ],
       "summary": {"modules": 2, "parameters": 2, "parameter_elements": 17,
-                  "buffers": 0, "error": 1, "warning": 1, "info": 0}
+                  "buffers": 0, "error": 1, "warning": 1, "info": 0,
+                  "suppressed": 0}     # findings the code silences (not listed)
     }
+
+``file``, ``line`` and ``summary.suppressed`` were added within schema 1.
 
 Within one schema version fields are only ever added, never removed or
 changed in meaning.
@@ -30,9 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from typing import Any
 
 from fastmodule.tools.audit.findings import SEVERITIES, Finding, Severity
+from fastmodule.tools.audit.source import shown_path
 
 __all__ = ["SCHEMA", "AuditReport"]
 
@@ -54,6 +61,9 @@ class AuditReport:
     buffers: int
     #: How many numbers the registered parameters hold (what an optimizer trains).
     parameter_elements: int
+    #: Findings the code silences (``# fastmodule: ignore[...]`` or
+    #: ``__fastmodule_ignore__``), not in :attr:`findings`.
+    suppressed: tuple[Finding, ...] = ()
 
     def count(self, severity: Severity) -> int:
         """How many findings have ``severity``."""
@@ -86,7 +96,8 @@ class AuditReport:
             "parameter_elements": self.parameter_elements,
             "buffers": self.buffers,
         }
-        return counts | {s: self.count(s) for s in SEVERITIES}
+        by_severity = {s: self.count(s) for s in SEVERITIES}
+        return counts | by_severity | {"suppressed": len(self.suppressed)}
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (schema: see this module's docstring)."""
@@ -107,15 +118,18 @@ class AuditReport:
             f"{self.model}: {_n(self.modules, 'module')}, {_n(self.parameters, 'parameter')} "
             f"({_n(self.parameter_elements, 'element')}), {_n(self.buffers, 'buffer')} audited"
         )
+        silenced = f" ({len(self.suppressed)} silenced in the code)" if self.suppressed else ""
         if not self.findings:
-            return f"{audited}: no findings"
+            return f"{audited}: no findings{silenced}"
         counts = ", ".join(_n(self.count(s), s) for s in SEVERITIES)
-        return f"{audited}: {counts}"
+        return f"{audited}: {counts}{silenced}"
 
-    def format(self, severity: Severity = "info") -> str:
-        """The findings of ``severity`` or worse as text, one per line like a
-        linter (``where  class  code severity  message: why -> fix``), then the
-        summary line."""
+    def format(self, severity: Severity = "info", width: int | None = None) -> str:
+        """The findings of ``severity`` or worse as text like a linter, then the
+        summary line. Each finding is ``where  class  code severity  file:line:
+        message: why -> fix`` (``file:line`` where the source was found), on one line,
+        or with ``width`` wrapped to that many columns (continuation lines indented
+        under the message)."""
         shown = self.at_least(severity)
         lines = []
         if shown:
@@ -123,18 +137,49 @@ class AuditReport:
             w_cls = max(len(f.cls) for f in shown)
             w_sev = max(len(f.severity) for f in shown)
             for f in shown:
-                lines.append(
-                    f"{f.where:<{w_where}}  {f.cls:<{w_cls}}  {f.code} {f.severity:<{w_sev}}  "
-                    f"{f.message}: {f.why} -> {f.fix}"
-                )
+                head = f"{f.where:<{w_where}}  {f.cls:<{w_cls}}  {f.code} {f.severity:<{w_sev}}  "
+                at = f"{shown_path(f.file)}:{f.line}: " if f.file and f.line else ""
+                lines.append(_wrapped(head, f"{at}{f.message}: {f.why} -> {f.fix}", width))
             lines.append("")
         hidden = len(self.findings) - len(shown)
         tail = f" ({hidden} below {severity} not shown)" if hidden else ""
-        lines.append(self.summary_line() + tail)
+        lines.append(_wrapped("", self.summary_line() + tail, width, indent=2))
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.format()
+
+
+#: Narrower than this, continuation lines start at a fixed indent, not under the message.
+_MIN_TEXT = 40
+
+
+def _wrapped(head: str, text: str, width: int | None, indent: int = 4) -> str:
+    """``head + text``, on one line without ``width``, else wrapped to ``width``
+    columns (at least 20) with continuation lines under the text (or ``indent``
+    spaces in where that leaves too little room). Long words are not broken."""
+    if width is None:
+        return head + text
+    width = max(width, 20)
+    if width - len(head) >= _MIN_TEXT or not head:
+        hang = " " * (len(head) if head else indent)
+        return textwrap.fill(
+            text,
+            width,
+            initial_indent=head,
+            subsequent_indent=hang,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    body = textwrap.fill(
+        text,
+        width,
+        initial_indent=" " * indent,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return head.rstrip() + "\n" + body
 
 
 def _n(n: int, word: str) -> str:

@@ -3,22 +3,43 @@
 It reads only what torch keeps on each module — the instance ``__dict__``
 (read with ``object.__getattribute__``, so no class code runs), the
 registries ``_parameters``, ``_buffers``, ``_modules`` in it, and the class
-MRO — and plain containers through their base types' own methods. It never
-calls a module's methods, runs a forward or changes anything, so a stock
-model and the same model accelerated by fastmodule give the same findings.
+MRO — plain containers through their base types' own methods, and plain helper
+objects (two levels of attributes, objects of the user's own code or of the
+holding module's package only) through their ``__dict__`` and slot descriptors.
+It never calls a module's or a helper's methods, runs a forward or changes
+anything, so a stock model and the same model accelerated by fastmodule give the
+same findings. Where a finding comes from in the source (and whether the code
+silences it) is read from the classes' source files (:mod:`.source`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import os
+import site
+import sys
+import sysconfig
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from fastmodule.tools.audit import source
 from fastmodule.tools.audit.findings import KINDS, Finding
 
-__all__ = ["Walk", "elements", "instance_dict", "native_limits", "walk"]
+__all__ = [
+    "EXAMPLE_INPUTS",
+    "Walk",
+    "class_attribute",
+    "contents",
+    "elements",
+    "instance_dict",
+    "native_limits",
+    "walk",
+]
 
 _REGISTRIES = ("_parameters", "_buffers", "_modules")
 # The instance-dict entries torch itself keeps on every module; none holds a
@@ -45,6 +66,9 @@ _TORCH_KEYS = frozenset(
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 # Values that are never a module, a tensor or a container (skipped fast).
 _ATOMS = frozenset((int, float, str, bool, bytes, type(None)))
+# Lightning's example input (``self.example_input_array = ...``, kept by its property
+# under the second name): an input for summaries and graphs, not state.
+EXAMPLE_INPUTS = frozenset(("example_input_array", "_example_input_array"))
 # Nested containers deeper than this are not looked into.
 _MAX_DEPTH = 32
 # How many places a message names before "...".
@@ -141,7 +165,7 @@ def elements(tensors: Iterator[torch.Tensor]) -> int:
     return sum(0 if _lazy(t) else t.numel() for t in tensors)
 
 
-def _class_attribute(cls: type, name: str) -> type | None:
+def class_attribute(cls: type, name: str) -> type | None:
     """The class in ``cls``'s MRO whose dict defines ``name``, or None."""
     for klass in cls.__mro__:
         if name in vars(klass):
@@ -150,7 +174,7 @@ def _class_attribute(cls: type, name: str) -> type | None:
 
 
 def _resolved(cls: type, name: str) -> Any:
-    owner = _class_attribute(cls, name)
+    owner = class_attribute(cls, name)
     return None if owner is None else vars(owner)[name]
 
 
@@ -161,7 +185,7 @@ def native_limits(cls: type) -> list[str]:
     out = []
 
     def owner(name: str) -> str:
-        klass = _class_attribute(cls, name)
+        klass = class_attribute(cls, name)
         return f"{_qualname(klass)}.{name}" if klass is not None else name
 
     # ParameterList/ParameterDict define __call__ only to refuse being called.
@@ -213,23 +237,35 @@ class Walk:
     #: id of a registered buffer -> (names, buffer).
     buffers: dict[int, tuple[list[str], torch.Tensor]]
     findings: list[Finding] = dataclasses.field(default_factory=list)
+    #: Findings the code silences (a comment or ``__fastmodule_ignore__``).
+    suppressed: list[Finding] = dataclasses.field(default_factory=list)
 
     def add(self, code: str, node: _Node | None, attribute: str, message: str, **say: str) -> None:
         """Record a finding of kind ``code`` on ``node`` (None: the model)."""
         kind = KINDS[code]
-        module = (node or self.nodes[0]).module
-        self.findings.append(
-            Finding(
-                code=code,
-                severity=kind.severity,
-                path=node.paths[0] if node else "",
-                attribute=attribute,
-                cls=_qualname(type(module)),
-                message=message,
-                why=say.get("why", kind.why),
-                fix=say.get("fix", kind.fix),
-            )
+        cls = type((node or self.nodes[0]).module)
+        if attribute:
+            location = source.attribute_site(cls, attribute)
+        elif code == "FM016":
+            location = source.class_site(cls)
+        else:
+            location = None
+        finding = Finding(
+            code=code,
+            severity=kind.severity,
+            path=node.paths[0] if node else "",
+            attribute=attribute,
+            cls=_qualname(cls),
+            message=message,
+            why=say.get("why", kind.why),
+            fix=say.get("fix", kind.fix),
+            file=location.file if location else None,
+            line=location.line if location else None,
         )
+        if source.silenced(cls, code, attribute, location):
+            self.suppressed.append(finding)
+        else:
+            self.findings.append(finding)
 
 
 def _tree(model: torch.nn.Module) -> Walk:
@@ -297,7 +333,7 @@ def _shadows(walk: Walk, node: _Node) -> None:
                         fix=f"remove it (del self.__dict__[{name!r}]) or rename one of the two",
                     )
                 continue
-            owner = _class_attribute(cls, name)
+            owner = class_attribute(cls, name)
             if owner is not None:
                 walk.add(
                     "FM007",
@@ -312,12 +348,167 @@ def _shadows(walk: Walk, node: _Node) -> None:
 def _plain_attributes(walk: Walk, node: _Node) -> None:
     registered = {n for reg in _REGISTRIES for n in _registry(node.d, reg)}
     for name, value in dict.items(node.d):
-        if name in _TORCH_KEYS or name in registered:
+        if name in _TORCH_KEYS or name in registered or name in EXAMPLE_INPUTS:
+            continue
+        if type(value) in _ATOMS:
             continue
         if isinstance(value, torch.nn.Module | torch.Tensor):
             _single(walk, node, name, value)
         elif isinstance(value, _CONTAINERS):
             _container(walk, node, name, value)
+        elif _enterable(value, type(node.module)):
+            _helper(walk, node, name, value)
+
+
+# ------------------------------------------------------------------ plain helper objects
+
+# Packages whose objects are never looked into: torch's (graphs, optimizers,
+# distributions: torch keeps what it needs) and fastmodule's own.
+_NOT_HELPERS = frozenset(("torch", "fastmodule"))
+
+
+def _top(cls: type) -> str:
+    return str(getattr(cls, "__module__", "")).partition(".")[0]
+
+
+@functools.cache
+def _installed_dirs() -> tuple[str, ...]:
+    paths = {*site.getsitepackages(), site.getusersitepackages()}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            paths.add(sysconfig.get_paths()[key])
+    return tuple(os.path.join(os.path.realpath(p), "") for p in paths if p)
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed(module_name: str) -> bool:
+    """Is the module part of Python or of an installed distribution, rather than the
+    user's own code (a script, a project on the path, an editable install)?"""
+    if module_name == "__main__":
+        return False
+    top = module_name.partition(".")[0]
+    if top == "builtins" or top in sys.stdlib_module_names:
+        return True
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if not isinstance(file, str):
+        return False
+    return os.path.realpath(file).startswith(_installed_dirs())
+
+
+def _enterable(value: Any, holder: type) -> bool:
+    """Is ``value`` a plain helper object the audit looks into: an instance of a class
+    of the user's own code, or of the package of the module class holding it (the
+    objects of other libraries, configs, tokenizers, trainers, are theirs), with
+    attributes? Never torch's or fastmodule's, nor a class, function or Python module."""
+    cls = type(value)
+    top = _top(cls)
+    if top in _NOT_HELPERS or isinstance(value, type | types.ModuleType):
+        return False
+    if top != _top(holder) and _installed(str(getattr(cls, "__module__", ""))):
+        return False
+    return bool(instance_dict(value)) or bool(_slot_names(cls))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_names(cls: type) -> tuple[str, ...]:
+    """The names of the slots ``cls`` and its bases declare (``__dict__`` and
+    ``__weakref__`` left out)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        for name in slots:
+            descriptor = vars(klass).get(name)
+            if (
+                isinstance(name, str)
+                and name not in ("__dict__", "__weakref__")
+                and type(descriptor) is types.MemberDescriptorType
+            ):
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
+    """An object's instance attributes (its ``__dict__``, then its slots), read without
+    running code of its class."""
+    yield from dict.items(instance_dict(obj))
+    cls = type(obj)
+    for name in _slot_names(cls):
+        for klass in cls.__mro__:
+            descriptor = vars(klass).get(name)
+            if type(descriptor) is types.MemberDescriptorType:
+                try:
+                    yield name, descriptor.__get__(obj, cls)
+                except AttributeError:
+                    pass  # an empty slot
+                break
+
+
+#: How many levels of plain objects the audit looks through (``self.a.b.linear``: 2).
+_HELPER_LEVELS = 2
+
+
+def _held(
+    holder: type, where: str, obj: Any, level: int = 1, seen: set[int] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """Every module and parameter a plain object holds (in its attributes, containers
+    in them, and plain objects in them up to :data:`_HELPER_LEVELS` levels), with
+    where (``helper.sub.proj``), in attribute order, each object entered once."""
+    seen = {id(obj)} if seen is None else seen
+    for name, value in _attributes(obj):
+        if type(value) in _ATOMS:
+            continue
+        place = f"{where}.{name}"
+        if isinstance(value, torch.nn.Module | torch.nn.Parameter):
+            yield place, value
+        elif isinstance(value, _CONTAINERS):
+            for inner, item in contents(place, value):
+                if isinstance(item, torch.nn.Module | torch.nn.Parameter):
+                    yield inner, item
+        elif (
+            level < _HELPER_LEVELS
+            and id(value) not in seen
+            and not isinstance(value, torch.Tensor)
+            and _enterable(value, holder)
+        ):
+            seen.add(id(value))
+            yield from _held(holder, place, value, level + 1, seen)
+
+
+def _helper(walk: Walk, node: _Node, name: str, value: Any) -> None:
+    modules: dict[int, str] = {}
+    params: dict[int, str] = {}
+    for where, item in _held(type(node.module), name, value):
+        if isinstance(item, torch.nn.Module):
+            if id(item) not in walk.modules:
+                modules.setdefault(id(item), where)
+        elif id(item) not in walk.parameters:
+            params.setdefault(id(item), where)
+    kind = _qualname(type(value))
+    holder = f"a plain {kind} object in attribute '{name}'"
+    fix = (
+        f"make {kind} an nn.Module (then self.{name} = {kind}(...) registers what it "
+        "holds), or assign them to this module"
+    )
+    if modules:
+        walk.add(
+            "FM018",
+            node,
+            name,
+            f"{_plural(len(modules), 'module')} held by {holder} "
+            f"({_shown(list(modules.values()))})",
+            fix=fix,
+        )
+    if params:
+        walk.add(
+            "FM019",
+            node,
+            name,
+            f"{_plural(len(params), 'parameter')} held by {holder} "
+            f"({_shown(list(params.values()))})",
+            fix=fix,
+        )
 
 
 def _recomputed(node: _Node, name: str) -> bool:
