@@ -3,6 +3,11 @@
 Usage: python scripts/render_benchmarks.py RESULT.json [MORE.json ...] > section.md
 Each JSON file becomes one section with its machine, versions, date and table.
 
+       python scripts/render_benchmarks.py --bound RESULT.json [MORE.json ...]
+The same, with two more columns: fast / lower bound (how far fastmodule is from the
+lower bound; at most 1.25 is issue 28's target for the root_* cases) and stock / lower
+bound (the most a runtime as fast as the lower bound would gain).
+
        python scripts/render_benchmarks.py --compare A.json B.json [C.json ...]
 One table of every case's speedup in each file side by side (columns named by their
 Python version), with the last file's speedup as a share of the one before it, and
@@ -27,8 +32,9 @@ def _cell(stats: dict[str, float]) -> str:
     return f"{_fmt(stats['median'])} ({_fmt(stats['min'])}–{_fmt(stats['max'])})"
 
 
-def render(path: str) -> str:
-    """One markdown section for one JSON result file."""
+def render(path: str, bound: bool = False) -> str:
+    """One markdown section for one JSON result file (``bound``: with the fast / lower
+    and stock / lower columns)."""
     with open(path) as f:
         data: dict[str, Any] = json.load(f)
     meta = data["meta"]
@@ -41,8 +47,9 @@ def render(path: str) -> str:
         f"~{meta['target_s'] * 1000:.0f} ms loops per column",
         "",
         "| case | stock | fastmodule | lower bound | speedup | overhead removed "
-        "| torch.compile (compile time) |",
-        "|---|---|---|---|---|---|---|",
+        + ("| fast / lower | stock / lower " if bound else "")
+        + "| torch.compile (compile time) |",
+        "|---|---|---|---|---|---|---|" + ("---|---|" if bound else ""),
     ]
     for r in data["results"]:
         removed = r.get("overhead_removed")
@@ -50,9 +57,13 @@ def render(path: str) -> str:
         compiled = ""
         if "compiled" in r:
             compiled = f"{_cell(r['compiled'])} ({r['compile_s']:.1f} s)"
+        ratios = ""
+        if bound:
+            lower = r["lower"]["median"]
+            ratios = f"| {r['fast']['median'] / lower:.2f} | {r['stock']['median'] / lower:.2f}x "
         lines.append(
             f"| {r['case']} | {_cell(r['stock'])} | {_cell(r['fast'])} | {_cell(r['lower'])} "
-            f"| {r['speedup']:.2f}x | {removed_s} | {compiled} |"
+            f"| {r['speedup']:.2f}x | {removed_s} {ratios}| {compiled} |"
         )
     if data.get("series"):
         lines += [
@@ -116,7 +127,12 @@ def main(argv: list[str]) -> int:
             return 2
         print(compare(argv[1:]))
         return 0
-    print("\n".join(render(p) for p in argv))
+    bound = argv[0] == "--bound"
+    paths = argv[1:] if bound else argv
+    if not paths:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print("\n".join(render(p, bound) for p in paths))
     return 0
 
 

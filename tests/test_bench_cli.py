@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
-from fastmodule.bench import KINDS, case_names
+import fastmodule
+from fastmodule.bench import KINDS, case_names, default_case_names, get_case, select_cases
 
 
 # Timeouts only catch a hang: a loaded machine (the matrix's lanes side by side) takes
@@ -45,7 +47,7 @@ def test_quick_json_has_every_case(tmp_path: Path) -> None:
     assert data["meta"]["torch"] == torch.__version__
     assert data["meta"]["threads"] == 1
     results = {r["case"]: r for r in data["results"]}
-    assert list(results) == case_names()
+    assert list(results) == default_case_names()
     for name, result in results.items():
         assert result["unit"] == "ns"
         for kind in KINDS:
@@ -56,7 +58,7 @@ def test_quick_json_has_every_case(tmp_path: Path) -> None:
                 assert value > 0, (name, kind, key)
             assert stats["min"] <= stats["median"] <= stats["max"], (name, kind)
     # The table went to stdout, one row per case.
-    for name in case_names():
+    for name in default_case_names():
         assert any(line.startswith(name + " ") for line in proc.stdout.splitlines()), name
     # stderr holds the progress bar and nothing else (no library warnings or log lines).
     others = [
@@ -114,3 +116,81 @@ def test_callable_runs_every_line_of_a_statement() -> None:
     timed: list[int] = []
     timeit.Timer(stmt, globals={"log": timed}).timeit(1)
     assert log == timed == [1, 2, 3, 4]
+
+
+#: The opt-in groups: whole-tree methods on HF roots, a training step phase by phase.
+USER_GROUPS = ("root_", "step_")
+
+
+def _user_cases() -> list[str]:
+    return [n for n in case_names() if n.startswith(USER_GROUPS)]
+
+
+def test_user_groups_are_opt_in() -> None:
+    """A plain run leaves the root_*/step_* groups out; --only patterns select them."""
+    defaults = default_case_names()
+    assert not [n for n in defaults if n.startswith(USER_GROUPS)]
+    assert [n for n in case_names() if n not in _user_cases()] == defaults
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    ops = ["named_parameters", "state_dict", "load_state_dict", "zero_grad", "to_noop", "train"]
+    for model in ("gpt2", "llama", "bert"):
+        assert select_cases([f"root_{model}_*"]) == [f"root_{model}_{op}" for op in ops]
+    phases = ["forward", "backward", "clip", "optimizer", "zero_grad", "total"]
+    assert select_cases(["step_gpt2_*"]) == [f"step_gpt2_{p}" for p in phases] + [
+        "step_gpt2_decode",
+        "step_gpt2_generate",
+    ]
+    # Names and patterns mixed, in the order given, each case once.
+    assert select_cases(["call", "root_bert_train", "root_bert_tr*"]) == [
+        "call",
+        "root_bert_train",
+    ]
+    with pytest.raises(KeyError):
+        select_cases(["root_nosuchmodel_*"])
+
+
+def test_user_cases_build_and_run_once() -> None:
+    """Every root_*/step_* case builds its three variants (each checked and run once
+    there), and leaves no class accelerated and nn.Module.__call__ as it was."""
+    names = _user_cases()
+    if not names:
+        pytest.skip("transformers and timm are not installed")
+    call = nn.Module.__dict__["__call__"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the CLI runs them (two threads on a busy machine crawl)
+    try:
+        for name in names:
+            case = get_case(name)
+            assert not case.default, name
+            variants = case.build(torch.device("cpu"))
+            assert set(variants) == set(KINDS), name
+            for variant in variants.values():
+                model = variant.namespace.get("m")
+                if isinstance(model, nn.Module):
+                    assert not any(fastmodule.is_accelerated(m) for m in model.modules()), name
+            assert nn.Module.__dict__["__call__"] is call, name
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_only_pattern_runs_the_group(tmp_path: Path) -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    out = tmp_path / "bench.json"
+    proc = _bench("--quick", "--only", "root_gpt2_*", "step_mlp_total", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    expected = select_cases(["root_gpt2_*", "step_mlp_total"])
+    assert [r["case"] for r in data["results"]] == expected
+    for result in data["results"]:
+        for kind in KINDS:
+            assert result[kind]["median"] > 0, (result["case"], kind)
+    assert "root_*: lower bound" in proc.stdout
+    assert "step_*: lower bound" in proc.stdout
+    others = [
+        line
+        for line in re.split(r"[\r\n]+", proc.stderr)
+        if line.strip() and not PROGRESS_LINE.match(line)
+    ]
+    assert others == []

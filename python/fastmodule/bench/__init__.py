@@ -5,7 +5,16 @@ the cases, :mod:`~fastmodule.bench.runner` times them and
 :mod:`~fastmodule.bench.report` prints the table and writes the JSON report.
 """
 
-from fastmodule.bench.cases import CASES, KINDS, Case, Variant, case_names, get_case
+from fastmodule.bench.cases import (
+    CASES,
+    KINDS,
+    Case,
+    Variant,
+    case_names,
+    default_case_names,
+    get_case,
+    select_cases,
+)
 from fastmodule.bench.runner import DEFAULT, QUICK, CaseResult, Settings, Stats, run_case
 
 __all__ = [
@@ -19,6 +28,8 @@ __all__ = [
     "Stats",
     "Variant",
     "case_names",
+    "default_case_names",
     "get_case",
     "run_case",
+    "select_cases",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ __all__ = [
     "Case",
     "Variant",
     "case_names",
+    "default_case_names",
     "get_case",
     "scaled",
     "set_scale",
@@ -80,6 +82,9 @@ class Case:
     build: Callable[[torch.device], dict[str, Variant]] = field(repr=False)
     #: Whether the case honours ``--device`` (only ``mlp64`` does).
     uses_device: bool = False
+    #: Whether a plain ``fastmodule bench`` runs it; the others (the ``root_*`` and
+    #: ``step_*`` groups) run when ``--only`` names them or a pattern matches them.
+    default: bool = True
 
 
 class Plain:
@@ -848,13 +853,36 @@ CASES: tuple[Case, ...] = (
 def _all_cases() -> tuple[Case, ...]:
     from fastmodule.bench.hook_cases import HOOK_CASES
     from fastmodule.bench.models import MODEL_CASES
+    from fastmodule.bench.user_cases import USER_CASES
 
-    return CASES + HOOK_CASES + MODEL_CASES
+    return CASES + HOOK_CASES + MODEL_CASES + USER_CASES
 
 
 def case_names() -> list[str]:
     """Names of all cases, in run order (real-model cases when their packages exist)."""
     return [c.name for c in _all_cases()]
+
+
+def default_case_names() -> list[str]:
+    """Names of the cases a plain ``fastmodule bench`` runs, in run order."""
+    return [c.name for c in _all_cases() if c.default]
+
+
+def select_cases(patterns: list[str]) -> list[str]:
+    """The cases named by ``patterns`` (names, or shell-style patterns such as
+    ``root_*``), in the order given, each once; a pattern matches in run order.
+
+    Raises:
+        KeyError: a name or pattern that matches no case (the first such).
+    """
+    known = case_names()
+    chosen: dict[str, None] = {}
+    for pattern in patterns:
+        matched = [n for n in known if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            raise KeyError(pattern)
+        chosen.update(dict.fromkeys(matched))
+    return list(chosen)
 
 
 def get_case(name: str) -> Case:
