@@ -247,6 +247,12 @@ fn route_torch_methods(
     routes::whole_tree::install(py, bodies, copies)
 }
 
+/// Is torch's `nn.Module.<name>` still running the code it was routed with?
+#[pyfunction]
+fn torch_method_intact(name: &str) -> bool {
+    routes::whole_tree::method_intact(name)
+}
+
 /// Switch every native path off (`fastmodule.disabled()`) or back on.
 #[pyfunction]
 fn set_switched_off(off: bool) {
@@ -385,6 +391,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(install_route_check, m)?)?;
     m.add_function(wrap_pyfunction!(seal_torch_methods, m)?)?;
     m.add_function(wrap_pyfunction!(set_switched_off, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_method_intact, m)?)?;
     m.add_function(wrap_pyfunction!(switched_off, m)?)?;
     m.add_function(wrap_pyfunction!(init_layers, m)?)?;
     m.add_function(wrap_pyfunction!(init_containers, m)?)?;

@@ -10,6 +10,11 @@ colliding-key comparison and dict-subclass access, and a snapshot of the tree.
 Objects a world creates get a serial number in creation order, so the stock object
 and its counterparts in the other worlds carry the same label; nothing is compared
 by ``id()`` across worlds.
+
+Beside the tree, a world keeps a layer block (``World.layer``): one of torch's layers per
+kind, made on first use, which the machine calls on inputs of several ranks and hooks
+with pre-hooks that change the layer's attributes (``LAYER_CHANGES``), fail, or patch torch
+for the rest of the call (tests/fuzz_patches.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 
 import fastmodule
+from tests import fuzz_patches
 from tests.conftest import LogFunctions, LogOps
 
 SIDES = ("stock", "fast", "accel")
@@ -69,8 +75,15 @@ MODULE_KINDS = [
     "Extra",
     "Mortal",
     "Base",
+    # torch's layers fastmodule runs without frames (beside Lin, Seq and BN above).
+    "Relu",
+    "LN",
+    "Softmax",
+    "Drop",
+    "GELU",
+    "Conv",
 ]
-SWAP_KINDS = ["Node", "Leaf", "Leaf2", "Extra", "Mortal", "Base"]
+SWAP_KINDS = ["Node", "Leaf", "Leaf2", "Extra", "Mortal", "Base", "Relu", "Lin", "Softmax"]
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -313,6 +326,29 @@ def make_family(side: str) -> dict[str, type[nn.Module]]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * 2
 
+    # torch's layers, shaped for the tree's (3, 2) input: Conv1d reads it unbatched.
+    class Relu(*mix, nn.ReLU):  # type: ignore[misc]
+        pass
+
+    class LN(*mix, nn.LayerNorm):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(2)
+
+    class Softmax(*mix, nn.Softmax):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(dim=1)
+
+    class Drop(*mix, nn.Dropout):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(p=0.0)
+
+    class GELU(*mix, nn.GELU):  # type: ignore[misc]
+        pass
+
+    class Conv(*mix, nn.Conv1d):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(3, 3, 1)
+
     return {
         "Node": Node,
         "Leaf": Leaf,
@@ -326,6 +362,12 @@ def make_family(side: str) -> dict[str, type[nn.Module]]:
         "Mortal": Mortal,
         "Scale": Scale,
         "Base": base,
+        "Relu": Relu,
+        "LN": LN,
+        "Softmax": Softmax,
+        "Drop": Drop,
+        "GELU": GELU,
+        "Conv": Conv,
     }
 
 
@@ -426,6 +468,8 @@ class World:
         self.iters: list[Iterator[Any] | None] = []
         self.finalizers: list[weakref.finalize] = []
         self.modes: list[str] = []
+        # The layer block: one torch layer per kind, outside the tree (made on first use).
+        self.layers: dict[str, nn.Module] = {}
         self.root = self.build()
 
     # ------------------------------------------------------------------ labels
@@ -472,6 +516,17 @@ class World:
         root.register_parameter("tied", root.a.w)
         root.register_buffer("top", self.tensor(1), persistent=False)
         return root
+
+    def layer(self, kind: str) -> nn.Module:
+        """The layer block's layer of ``kind`` (``Seq``: a Lin and a Relu in a Seq)."""
+        m = self.layers.get(kind)
+        if m is None:
+            m = self.make(kind)
+            if kind == "Seq":
+                m.append(self.make("Lin"))
+                m.append(self.make("Relu"))
+            self.layers[kind] = m
+        return m
 
     # ------------------------------------------------------------------ raw tree
 
@@ -936,21 +991,30 @@ def release_gremlins(n: int) -> None:
 
 
 def record(world: World, fn: Callable[[], Any]) -> tuple[Any, ...]:
-    """Run ``fn`` in ``world``: its value or exception, warnings, and the world's log."""
+    """Run ``fn`` in ``world``: its value or exception, warnings (with the file and line
+    they point at), and the world's log (with the calls of torch's patched functions)."""
     CURRENT[0] = world
     if CHAOS[0] is not None:
         release_gremlins(3)
+    # Dropout draws random numbers: each world's step starts from the same state.
+    torch.default_generator.manual_seed(0)
     with warnings.catch_warnings(record=True) as caught, world.mode():
         warnings.simplefilter("always")
         try:
-            r: Any = ("ok", world.describe(fn()))
+            fuzz_patches.SINK[0] = world.log
+            try:
+                value = fn()
+            finally:
+                fuzz_patches.SINK[0] = None
+                fuzz_patches.unwind()  # what hooks patched during a call they left
+            r: Any = ("ok", world.describe(value))
         except RecursionError:
             # Where the limit is met, hence the text's suffix, depends on the frames
             # below (README, Known differences).
             r = ("raised", "RecursionError")
         except Exception as e:  # noqa: BLE001 - the exception *is* the result under test
             r = ("raised", type(e).__name__, clean(str(e)))
-    warned = [(w.category.__name__, clean(str(w.message))) for w in caught]
+    warned = [(w.category.__name__, clean(str(w.message)), w.filename, w.lineno) for w in caught]
     log, world.log = world.log, []
     return r, warned, log
 
@@ -989,6 +1053,21 @@ def snapshot(world: World, x_seed: int) -> dict[str, Any]:
         entry.append(sorted(repr(k) for k in d if type(k) is str and not k.startswith("_fz")))
         raw.append(entry)
     out["raw"] = raw
+    out["layers"] = [
+        (
+            kind,
+            w.label(m),
+            type(m).__name__,
+            [(a, w.describe(v)) for a, v in sorted(w.raw(m).items()) if a in LAYER_ATTRS],
+            [
+                (k, w.describe(v))
+                for reg in ("_parameters", "_buffers")
+                for k, v in (w.registry(m, reg) or {}).items()
+            ],
+            len(w.registry(m, "_modules") or ()),
+        )
+        for kind, m in w.layers.items()
+    ]
     out["named_modules"] = record(w, lambda: [(n, w.label(m)) for n, m in root.named_modules()])
     out["named_parameters"] = record(w, lambda: list(root.named_parameters()))
     out["named_buffers"] = record(w, lambda: list(root.named_buffers()))
@@ -996,6 +1075,188 @@ def snapshot(world: World, x_seed: int) -> dict[str, Any]:
     x = torch.ones(3, 2) + x_seed
     out["forward"] = record(w, lambda: root(x))
     return out
+
+
+# --------------------------------------------------------------------------- the layer block
+
+# The layer block's kinds, and the inputs a step calls them with: the tree's own shape
+# first, then ranks and sizes some layers refuse or hand over to torch (BatchNorm1d on
+# 3-d input; Conv1d batched).
+LAYER_BLOCK = ["Lin", "Relu", "Seq", "LN", "Softmax", "Drop", "BN", "GELU", "Conv"]
+LAYER_INPUTS = [(3, 2), (3, 2), (2,), (1, 2), (3, 2, 4), (2, 3, 2), (2, 2, 2, 2)]
+# What a step, or a forward pre-hook during the call, changes on a layer, by kind:
+# (attribute, value). Seq's "append" appends a Relu (its restore deletes it).
+LAYER_CHANGES: dict[str, list[tuple[str, Any]]] = {
+    "Lin": [("bias", None), ("training", False), ("weight", None), ("in_features", 5)],
+    "Relu": [("inplace", True), ("training", False), ("inplace", 1), ("inplace", "yes")],
+    "Seq": [("append", None), ("training", False)],
+    "LN": [
+        ("eps", 10.0),
+        ("normalized_shape", (3,)),
+        ("weight", None),
+        ("bias", None),
+        ("eps", torch.tensor(2.0)),
+        ("normalized_shape", [2]),
+    ],
+    "Softmax": [("dim", None), ("dim", 0), ("dim", -1), ("dim", 3), ("dim", None), ("dim", True)],
+    "Drop": [
+        ("p", 1.0),
+        ("p", 0.5),
+        ("p", 1.5),
+        ("inplace", True),
+        ("training", False),
+        ("p", torch.tensor(1.0)),
+        ("p", 1),
+    ],
+    "BN": [
+        ("eps", 10.0),
+        ("momentum", None),
+        ("training", False),
+        ("track_running_stats", False),
+        ("running_mean", None),
+        ("momentum", torch.tensor(0.5)),
+        ("num_batches_tracked", None),
+    ],
+    "GELU": [("approximate", "tanh"), ("approximate", "bad"), ("approximate", None)],
+    "Conv": [
+        ("padding", (1,)),
+        ("padding", "same"),
+        ("stride", (2,)),
+        ("padding_mode", "reflect"),
+        ("groups", 3),
+        ("padding", 1),
+    ],
+}
+# The plain attributes the snapshot shows of the layer block.
+LAYER_ATTRS = {
+    "training",
+    "dim",
+    "p",
+    "inplace",
+    "eps",
+    "momentum",
+    "normalized_shape",
+    "track_running_stats",
+    "padding",
+    "stride",
+    "padding_mode",
+    "approximate",
+}
+# Hooks on a layer: "attr" sets the change in a forward pre-hook and an always_call
+# forward hook restores it, "attr_keep" leaves it set; "raise_pre" raises in a pre-hook,
+# "always_raise" in an always_call forward hook (after a failed call torch warns that
+# it silenced that error), "both_raise" does both; "always_log" only logs; "patch"
+# applies a process-wide patch (fuzz_patches.DURING_CALL) in the pre-hook and takes it
+# back in an always_call forward hook (and at the end of the step, whatever happened).
+LAYER_HOOKS = [
+    "attr",
+    "attr",
+    "attr",
+    "attr_keep",
+    "raise_pre",
+    "always_raise",
+    "both_raise",
+    "always_log",
+    "patch",
+]
+
+
+class LoggedTensor(torch.Tensor):
+    """An input with ``__torch_function__``: logs each torch function it meets into the
+    running world (torch's layers then take their Python path for that step)."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        w = CURRENT[0]
+        if w is not None and not w.dead:
+            w.log.append(("torch function", getattr(func, "__name__", "?")))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def layer_input(shape: int, seed: int, how: str) -> torch.Tensor:
+    """A LAYER_INPUTS input: "plain", "grad" (requires grad) or "sub" (a LoggedTensor)."""
+    dims = LAYER_INPUTS[shape % len(LAYER_INPUTS)]
+    n = 1
+    for d in dims:
+        n *= d
+    x = ((torch.arange(float(n)) - n / 2 + seed / 4) / 2).reshape(dims)
+    if how == "sub":
+        return x.as_subclass(LoggedTensor)
+    return x.requires_grad_(how == "grad")
+
+
+def change_layer(
+    m: nn.Module, attr: str, value: Any, child: Callable[[], nn.Module] | None = None
+) -> Any:
+    """Apply a LAYER_CHANGES change to ``m`` ("append": a ``child()``); returns what
+    undoes it."""
+    if attr == "append":
+        m.append(child() if child is not None else nn.ReLU())  # type: ignore[operator]
+        return None
+    old = getattr(m, attr, None)
+    setattr(m, attr, value)
+    return old
+
+
+def undo_layer_change(m: nn.Module, attr: str, old: Any) -> None:
+    if attr == "append":
+        del m[len(m) - 1]  # type: ignore[arg-type]
+    else:
+        setattr(m, attr, old)
+
+
+class Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, *handles: Any) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def layer_change(kind: str, change: int) -> tuple[str, Any]:
+    changes = LAYER_CHANGES[kind]
+    return changes[change % len(changes)]
+
+
+def layer_hooks(
+    world: World, hid: int, m: nn.Module, what: str, change: tuple[str, Any], prepend: bool
+) -> Any:
+    """Register the hooks of a LAYER_HOOKS entry on ``m``; their handle. ``change`` is a
+    LAYER_CHANGES entry, for "patch" ("patch", one of fuzz_patches.DURING_CALL)."""
+    attr, value = change
+    saved: list[Any] = []
+
+    def pre(mod: Any, args: Any) -> None:
+        if world.dead:
+            return
+        world.log.append(("hook", hid, what, world.label(mod)))
+        if what in ("raise_pre", "both_raise"):
+            raise RuntimeError(f"pre-hook {hid} failed")
+        if what.startswith("attr"):
+            saved.append(change_layer(mod, attr, value, lambda: world.make("Relu")))
+        if what == "patch":
+            saved.append(fuzz_patches.push(value))
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        if world.dead:
+            return
+        world.log.append(("hook", hid, what + " after", world.label(mod)))
+        if what in ("always_raise", "both_raise"):
+            raise ValueError(f"always_call hook {hid} failed")
+        if what == "attr" and saved:
+            undo_layer_change(mod, attr, saved.pop())
+        if what == "patch" and saved:
+            fuzz_patches.pop(saved.pop())
+
+    if what in ("attr_keep", "raise_pre"):
+        return m.register_forward_pre_hook(pre, prepend=prepend)
+    post_h = m.register_forward_hook(post, prepend=prepend, always_call=True)
+    if what in ("attr", "both_raise", "patch"):
+        return Handles(m.register_forward_pre_hook(pre, prepend=prepend), post_h)
+    return post_h
 
 
 def walk_args(args: tuple[Any, ...]) -> tuple[Any, ...]:

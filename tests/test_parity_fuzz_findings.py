@@ -351,3 +351,183 @@ def test_getattr_survives_the_instance_dict_replaced() -> None:
     stock = run_script(GETATTR_DICT_REPLACED, "stock")
     assert stock[0] == 0
     assert run_script(GETATTR_DICT_REPLACED, "fast") == stock
+
+
+# --- what a native path rests on, changed at run time (fuzz_patches; issue 31) -------------
+
+
+def layer(b: Base, cls: type[nn.Module], *args: Any) -> nn.Module:
+    """A torch layer on stock, or with fastmodule.Module mixed in (native paths)."""
+    return (type(cls.__name__, (b, cls), {}) if b is not nn.Module else cls)(*args)
+
+
+def test_container_builtins_shadowed() -> None:
+    """``iter`` and ``len``, which Sequential/ModuleList/ModuleDict's ``__iter__`` and
+    ``__len__`` find in ``builtins``, shadowed by globals of
+    ``torch.nn.modules.container``: stock calls the shadowing functions, the native
+    container methods and Sequential's forward did not. (fuzz: patch global
+    container.iter / container.len)"""
+    import torch.nn.modules.container as container
+
+    def sc(b: Base) -> Any:
+        calls: list[str] = []
+        seq = layer(b, nn.Sequential, layer(b, nn.ReLU))
+        ml = layer(b, nn.ModuleList, [layer(b, nn.ReLU)])
+
+        def counting_iter(x: Any) -> Any:
+            calls.append("iter")
+            return iter(x)
+
+        def counting_len(x: Any) -> int:
+            calls.append("len")
+            return len(x)
+
+        container.iter, container.len = counting_iter, counting_len  # type: ignore[attr-defined]
+        try:
+            seq(torch.ones(2))
+            out = [calls[:]]
+            calls.clear()
+            list(ml), len(ml), list(seq), len(seq)
+            return [*out, calls[:]]
+        finally:
+            del container.iter, container.len  # type: ignore[attr-defined]
+
+    same_on_both(sc)
+
+
+def test_module_globals_torch_replaced() -> None:
+    """``torch`` in ``torch.nn.modules.module``'s globals replaced by a proxy:
+    stock's ``_call_impl`` reads ``torch._C`` on every call (and ``torch.compiler``
+    with an always_call hook); fast read neither through that global. (fuzz: patch
+    global module.torch)"""
+    import types
+
+    import torch.nn.modules.module as module_py
+
+    def sc(b: Base) -> Any:
+        reads: list[str] = []
+
+        class Proxy(types.ModuleType):
+            def __getattr__(self, name: str) -> Any:
+                reads.append(name)
+                return getattr(torch, name)
+
+        lin = layer(b, nn.Linear, 2, 2)
+        module_py.torch = Proxy("torch")  # type: ignore[attr-defined]
+        try:
+            lin(torch.ones(2))
+            out = [reads[:]]
+            reads.clear()
+            lin.register_forward_hook(lambda *a: None, always_call=True)
+            lin(torch.ones(2))
+            return [*out, reads[:]]
+        finally:
+            module_py.torch = torch  # type: ignore[attr-defined]
+
+    same_on_both(sc)
+
+
+def warn_bridge(seen: list[Any]) -> Any:
+    """A ``warnings.warn`` that records how and from where it was called and forwards
+    with one ``stacklevel`` more (a logging bridge keeping the attribution)."""
+    import os
+    import warnings
+
+    original = warnings.warn
+
+    def bridge(message: Any, category: Any = None, stacklevel: int = 1, *a: Any, **k: Any) -> Any:
+        f = sys._getframe(1).f_code
+        seen.append((str(message)[:40], stacklevel, os.path.basename(f.co_filename), f.co_name))
+        return original(message, category, stacklevel + 1, *a, **k)
+
+    return bridge
+
+
+def caught_warnings(fn: Any, bridge: Any = None) -> list[Any]:
+    """``fn()``'s warnings (category, file, line), with ``warnings.warn`` replaced by
+    ``bridge`` meanwhile."""
+    import os
+    import warnings
+
+    original = warnings.warn
+    if bridge is not None:
+        warnings.warn = bridge
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        warnings.warn = original
+    return [(x.category.__name__, os.path.basename(x.filename), x.lineno) for x in w]
+
+
+def test_warn_bridge_sees_torchs_frames() -> None:
+    """A failing always_call hook after a failed call: torch's ``_call_impl`` calls
+    ``warnings.warn(..., stacklevel=2)``. A replaced ``warn`` that looks at its caller
+    sees torch's ``_call_impl`` on stock, and forwarding with ``stacklevel + 1`` puts
+    the warning at module.py; fast called it without torch's frames (its caller the
+    user's line, the warning at ``sys:1``). (fuzz: patch global warnings.warn_bridge)"""
+
+    def sc(b: Base) -> Any:
+        seen: list[Any] = []
+        m = layer(b, nn.Linear, 2, 2)
+        m.register_forward_pre_hook(lambda *a: 1 / 0)
+
+        def failing(*a: Any) -> None:
+            raise ValueError("always hook failed")
+
+        m.register_forward_hook(failing, always_call=True)
+        got = caught_warnings(lambda: outcome(lambda: m(torch.ones(2))), warn_bridge(seen))
+        return seen, got
+
+    same_on_both(sc)
+
+
+def test_state_dict_positional_warn_as_torch_calls_it() -> None:
+    """``state_dict(None, "p.")`` warns that positional arguments are deprecated:
+    torch calls ``warnings.warn(..., stacklevel=2)`` from ``state_dict``;
+    fastmodule.Module's ``state_dict`` called it with ``stacklevel=3`` (a replaced
+    ``warn`` sees other arguments). (fuzz: patch global warnings.warn_bridge)"""
+
+    def sc(b: Base) -> Any:
+        seen: list[Any] = []
+        m = node_class(b)()
+        m.lin = nn.Linear(2, 2)
+        got = caught_warnings(lambda: m.state_dict(None, "p."), warn_bridge(seen))
+        return seen, got
+
+    same_on_both(sc)
+
+
+@pytest.mark.parametrize("how", ["code_swap", "defaults", "settrace", "setprofile"])
+def test_state_dict_positional_warning_after_a_code_swap(how: str) -> None:
+    """``state_dict(None, "p.")``'s FutureWarning points at the caller's line. Once
+    torch's code runs the call on fastmodule.Module (a whole-tree method's code or
+    defaults replaced, as a hot reload does, even by equal ones; a trace or profile
+    function set, as coverage and debuggers do) fast pointed it at torch's module.py.
+    (fuzz: state_dict positional after a code swap; found under cProfile)"""
+
+    def sc(b: Base) -> Any:
+        m = node_class(b)()
+        m.lin = nn.Linear(2, 2)
+        f = nn.Module.named_children
+        old, tracer, profiler = f.__code__, sys.gettrace(), sys.getprofile()
+        g = nn.Module.named_parameters
+        defaults = g.__defaults__
+        if how == "code_swap":
+            f.__code__ = old.replace()  # another code object, the same instructions
+        elif how == "defaults":
+            g.__defaults__ = tuple(list(defaults or ()))  # equal values, another tuple
+        elif how == "settrace":
+            sys.settrace(lambda *a: None)
+        else:
+            sys.setprofile(lambda *a: None)
+        try:
+            return caught_warnings(lambda: m.state_dict(None, "p."))
+        finally:
+            f.__code__ = old
+            g.__defaults__ = defaults
+            sys.settrace(tracer)
+            sys.setprofile(profiler)
+
+    same_on_both(sc)

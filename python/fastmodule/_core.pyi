@@ -72,6 +72,9 @@ def install_route_check(func: object) -> None:
     """Make the Python function ``func``, called eagerly, answer whether torch's
     whole-tree method should run fastmodule's body for its argument."""
 
+def torch_method_intact(name: str) -> bool:
+    """Is ``torch.nn.Module.<name>`` still running the code it was routed with?"""
+
 def set_switched_off(off: bool) -> None:
     """Switch every native path off (``fastmodule.disabled()``) or back on."""
 

@@ -29,6 +29,7 @@ import dis
 import inspect
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -228,6 +229,7 @@ def _method(
     usable: bool,
     original: Any,
     route: Callable[[Any], bool],
+    positional: str | None,
 ) -> Callable[..., Any]:
     """``fastmodule.Module.<name>`` (every name it reads is a closure variable or a
     builtin, so it runs with torch's module globals). ``route(self)``: eagerly, is
@@ -236,8 +238,29 @@ def _method(
     nn_module = torch.nn.Module
     nn_dict = torch.nn.Module.__dict__
 
+    intact = _core.torch_method_intact
+    warnings_ = warnings
+    keys = ("destination", "prefix", "keep_vars")
+
     def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if not usable or not route(self) or nn_dict.get(name) is not original:
+        torchs = nn_dict.get(name) is original
+        native = usable and route(self) and torchs
+        if positional is not None and args and (native or (torchs and intact(name))):
+            if len(args) <= 3 and kwargs.keys() <= set(keys):
+                # state_dict's deprecated positional arguments: torch warns first
+                # thing, from the method's frame, which this frame stands for;
+                # then its code goes on as if they had come as keywords.
+                warnings_.warn(positional, FutureWarning, stacklevel=2)
+                bound = dict(zip(keys, (None, "", False), strict=True))
+                bound.update(kwargs)
+                if bound["destination"] is None:
+                    bound["destination"] = args[0]
+                if len(args) > 1 and bound["prefix"] == "":
+                    bound["prefix"] = args[1]
+                if len(args) > 2 and bound["keep_vars"] is False:
+                    bound["keep_vars"] = args[2]
+                args, kwargs = (), bound
+        if not native:
             return getattr(nn_module, name)(self, *args, **kwargs)
         return body(self, *args, **kwargs)
 
@@ -245,7 +268,12 @@ def _method(
 
 
 def torch_method(
-    name: str, body: Callable[..., Any], *, usable: bool = True, walked: bool = False
+    name: str,
+    body: Callable[..., Any],
+    *,
+    usable: bool = True,
+    walked: bool = False,
+    positional: str | None = None,
 ) -> Callable[..., Any]:
     """``torch.nn.Module.<name>`` served by ``body`` while torch's is unpatched.
 
@@ -254,7 +282,9 @@ def torch_method(
     verify put ``name`` in :data:`STOCK`: ``fastmodule.Module`` then inherits
     torch's own method, and torch's is not routed. ``walked``: ``body`` is
     exactly ``return _fastmodule_walk(name, self, <its parameters>)`` (see
-    :data:`WALKED`).
+    :data:`WALKED`). ``positional``: torch's warning text for deprecated
+    positional arguments (``state_dict``), given from this method's frame, which
+    stands where torch's is, whichever code then runs the call.
     """
     off = verification.native_problem() or verification.method_problem(name)
     if off is None and not usable:
@@ -269,7 +299,7 @@ def torch_method(
         if walked:
             WALKED.add(name)
     method = _as_torch_function(
-        _method(name, body, usable, original, ROUTE),  # type: ignore[arg-type]
+        _method(name, body, usable, original, ROUTE, positional),  # type: ignore[arg-type]
         name,
     )
     method.__doc__ = original.__doc__

@@ -370,9 +370,7 @@ def _cache_file(funcs: dict[str, types.FunctionType], walked: set[str]) -> str |
     if folder is None or torch_hash is None or own_hash is None:
         return None
     names = ",".join(f"{n}{'*' if n in walked else ''}" for n in sorted(funcs))
-    key = "|".join(
-        (sys.implementation.cache_tag or "", sys.version, torch_hash, own_hash, names)
-    )
+    key = "|".join((sys.implementation.cache_tag or "", sys.version, torch_hash, own_hash, names))
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return os.path.join(folder, f"routes-{digest}.bin")
 

@@ -31,6 +31,9 @@ def _state_dict(
     keep_vars: bool = False,
 ) -> Any:
     if len(args) > 0:
+        # Reached from torch's routed state_dict (an accelerated root): this frame
+        # stands between torch's and the warning, so the level counts one more
+        # (fastmodule.Module's own method warns itself, from torch's place).
         level = caller_stacklevel("state_dict")
         warnings.warn(_POSITIONAL_WARNING or "", FutureWarning, stacklevel=level)
         if destination is None:
@@ -42,4 +45,9 @@ def _state_dict(
     return _core.walk("state_dict", self, destination, prefix, keep_vars)
 
 
-state_dict = torch_method("state_dict", _state_dict, usable=_POSITIONAL_WARNING is not None)
+state_dict = torch_method(
+    "state_dict",
+    _state_dict,
+    usable=_POSITIONAL_WARNING is not None,
+    positional=_POSITIONAL_WARNING,
+)

@@ -48,6 +48,44 @@ unsafe impl Sync for Entries {}
 static ENTRIES: OnceLock<Entries> = OnceLock::new();
 static MODULES: OnceLock<usize> = OnceLock::new();
 
+/// What the bodies' `iter(...)`/`len(...)` find: the container module's
+/// globals (which must not shadow them) and the builtins dict (which must
+/// hold the builtins themselves).
+struct Builtins {
+    globals: *mut capi::PyObject,
+    builtins: *mut capi::PyObject,
+    names: [*mut capi::PyObject; 2],
+    want: [*mut capi::PyObject; 2],
+}
+// SAFETY: strong references kept for the process, read with the GIL held.
+unsafe impl Send for Builtins {}
+unsafe impl Sync for Builtins {}
+static BUILTINS: OnceLock<Builtins> = OnceLock::new();
+static BUILTINS_CHECKED: crate::cpython::validity::Checked<2> =
+    crate::cpython::validity::Checked::new();
+
+/// Do `iter` and `len`, read as the container methods' code reads them
+/// (module globals, then builtins), still find Python's own? A module global
+/// of either name (a counting wrapper) is what stock calls: the methods, and
+/// `Sequential.forward` iterating `self`, then run torch's code. Runs no code.
+#[inline(always)]
+pub fn builtins_intact() -> bool {
+    let Some(b) = BUILTINS.get() else {
+        return false;
+    };
+    // SAFETY: exact dicts held for the process; the GIL is held.
+    unsafe {
+        BUILTINS_CHECKED.pass([b.globals, b.builtins], || {
+            b.names.iter().zip(b.want.iter()).all(|(&name, &want)| {
+                crate::cpython::quiet::dict(b.globals)
+                    && capi::PyDict_Contains(b.globals, name) == 0
+                    && crate::cpython::quiet::dict(b.builtins)
+                    && capi::PyDict_GetItemWithError(b.builtins, name) == want
+            })
+        })
+    }
+}
+
 unsafe fn run(body: Body, d: *mut capi::PyObject) -> *mut capi::PyObject {
     match body {
         Body::IterKeys => capi::PyObject_GetIter(d),
@@ -83,6 +121,7 @@ unsafe extern "C" fn served(
         if nargs == 1
             && no_kw
             && e.verified.intact()
+            && builtins_intact()
             && is_fast_instance(g, *args)
             && !crate::cpython::tracer::active()
         {
@@ -101,6 +140,26 @@ unsafe extern "C" fn served(
         }
     }
     (e.original)(callable, args, nargsf, kwnames)
+}
+
+/// Remember where torch's container code (`f`, one of its functions) finds
+/// `iter` and `len` (once).
+pub fn init_builtins(py: Python<'_>, f: &Bound<'_, PyAny>) -> PyResult<()> {
+    if BUILTINS.get().is_some() {
+        return Ok(());
+    }
+    let builtins = py.import("builtins")?;
+    let get = |n: &str| -> PyResult<*mut capi::PyObject> { Ok(builtins.getattr(n)?.into_ptr()) };
+    let _ = BUILTINS.set(Builtins {
+        globals: f.getattr("__globals__")?.into_ptr(),
+        builtins: f.getattr("__builtins__")?.into_ptr(),
+        names: [
+            pyo3::types::PyString::intern(py, "iter").into_ptr(),
+            pyo3::types::PyString::intern(py, "len").into_ptr(),
+        ],
+        want: [get("iter")?, get("len")?],
+    });
+    Ok(())
 }
 
 /// `config`: `{"name": function}` for the names below (see `fastmodule.layers`).
@@ -146,6 +205,9 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         });
     }
     let _ = MODULES.set(pyo3::types::PyString::intern(py, "_modules").into_ptr() as usize);
+    if let Some(f) = config.get_item("Sequential.__iter__")? {
+        init_builtins(py, &f)?;
+    }
     let funcs: Vec<*mut capi::PyObject> = entries.iter().map(|e| e.func).collect();
     let _ = ENTRIES.set(Entries(entries));
     for f in funcs {

@@ -49,6 +49,8 @@ pub enum Why {
     ForwardHooksOff,
     CountsFrames,
     BodyReplaced,
+    TorchReplaced,
+    WarnReplaced,
 }
 
 impl Why {
@@ -75,6 +77,14 @@ impl Why {
             Why::ForwardHooksOff => {
                 "it has forward hooks (its own or global ones) and the native hook dispatch \
                  is off: fastmodule.diagnostics() says why"
+            }
+            Why::WarnReplaced => {
+                "it has forward hooks and module.py's warnings.warn is not CPython's own \
+                 (torch's _call_impl runs, with the frames a wrapper may read)"
+            }
+            Why::TorchReplaced => {
+                "module.py's torch, torch._C or its _is_tracing is not the object torch \
+                 installed (a proxy or patch sees every read)"
             }
             Why::BodyReplaced => {
                 "torch's _wrapped_call_impl or _call_impl has had its __code__ or defaults \
@@ -155,6 +165,9 @@ unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
     if !g.orig.call_intact() {
         return Decision::Stock(Why::BodyReplaced);
     }
+    if !g.torch_reads_intact() {
+        return Decision::Stock(Why::TorchReplaced);
+    }
     if crate::cpython::tracer::active() {
         return Decision::Stock(Why::Tracer);
     }
@@ -180,10 +193,11 @@ unsafe fn live(g: &Globals, hooks: &Hooks) -> Decision {
         Ok(GlobalHooks::Unusual) => return Decision::Stock(Why::UnusualHookRegistry),
         Err(()) => return Decision::Error,
     }
-    match (forward_hooks, hook_support::get().is_some()) {
+    match (forward_hooks, hook_support::get()) {
         (false, _) => Decision::Forward,
-        (true, true) => Decision::Hooks,
-        (true, false) => Decision::Stock(Why::ForwardHooksOff),
+        (true, Some(s)) if s.warn_intact() => Decision::Hooks,
+        (true, Some(_)) => Decision::Stock(Why::WarnReplaced),
+        (true, None) => Decision::Stock(Why::ForwardHooksOff),
     }
 }
 

@@ -67,7 +67,7 @@ unsafe fn compiling() -> bool {
 
 /// torch's `nn.Module` methods whose bodies the whole-tree paths reproduce,
 /// as they were once routed (see [`seal`]).
-static SEALED: OnceLock<Vec<Body>> = OnceLock::new();
+static SEALED: OnceLock<Vec<(String, Body)>> = OnceLock::new();
 
 /// Record the bodies of `nn.Module.<name>` for `names` as they are now (after
 /// `fastmodule.inline_routes` put its statement in front of torch's code).
@@ -82,7 +82,7 @@ pub fn seal(py: Python<'_>, names: &[String]) -> PyResult<()> {
         };
         // SAFETY: the function is kept alive by the pointer taken here.
         if let Some(b) = unsafe { Body::of(f.into_ptr()) } {
-            bodies.push(b);
+            bodies.push((name.clone(), b));
         }
     }
     let _ = SEALED.set(bodies);
@@ -95,7 +95,19 @@ pub fn seal(py: Python<'_>, names: &[String]) -> PyResult<()> {
 /// replacement included, runs the call.
 #[inline(always)]
 unsafe fn sealed_intact() -> bool {
-    SEALED.get().is_none_or(|b| b.iter().all(|b| b.intact()))
+    SEALED
+        .get()
+        .is_none_or(|b| b.iter().all(|(_, b)| b.intact()))
+}
+
+/// Is torch's `nn.Module.<name>` (one of those sealed) still running the code
+/// it was routed with? True for a name not sealed.
+pub fn method_intact(name: &str) -> bool {
+    // SAFETY: the GIL is held (called from Python).
+    SEALED
+        .get()
+        .and_then(|b| b.iter().find(|(n, _)| n == name))
+        .is_none_or(|(_, b)| unsafe { b.intact() })
 }
 
 /// The router's question for a call of torch's method with `slf` first: run

@@ -31,6 +31,10 @@ pub struct HookSupport {
     pub warnings_warn: *mut capi::PyObject,
     /// `("stacklevel",)`, the keyword of that call.
     pub stacklevel_kw: *mut capi::PyObject,
+    /// The `warnings` module and its dict, as installed at import.
+    pub warnings_module: *mut capi::PyObject,
+    pub warnings_dict: *mut capi::PyObject,
+    pub warn_checked: Checked<2>,
     pub two: *mut capi::PyObject,
     pub odict: *mut capi::PyTypeObject,
     pub names: Names,
@@ -113,6 +117,9 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         warn_filename: ptr("warn_filename")?,
         warn_lineno: get("warn_lineno")?.extract()?,
         warnings_warn: ptr("warnings_warn")?,
+        warnings_module: py.import("warnings")?.into_any().into_ptr(),
+        warnings_dict: py.import("warnings")?.dict().into_any().into_ptr(),
+        warn_checked: Checked::new(),
         stacklevel_kw: pyo3::types::PyTuple::new(py, ["stacklevel"])?.into_ptr(),
         two: 2i64.into_pyobject(py)?.into_ptr(),
         odict: ptr("odict")? as *mut capi::PyTypeObject,
@@ -134,6 +141,27 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
 }
 
 impl HookSupport {
+    /// Is module.py's `warnings.warn` (what `_call_impl`'s `except` block calls
+    /// for a failing `always_call` hook) CPython's own? Else a hooked call runs
+    /// torch's `_call_impl`, whose frames a wrapper (a logging bridge) may read.
+    /// Runs no code; remembered by the two dicts' versions.
+    #[inline(always)]
+    pub fn warn_intact(&self) -> bool {
+        let n = &self.names;
+        // SAFETY: exact dicts held for the process; the GIL is held.
+        unsafe {
+            self.warn_checked
+                .pass([self.module_globals, self.warnings_dict], || {
+                    crate::cpython::quiet::dict(self.module_globals)
+                        && capi::PyDict_GetItemWithError(self.module_globals, n.warnings)
+                            == self.warnings_module
+                        && crate::cpython::quiet::dict(self.warnings_dict)
+                        && capi::PyDict_GetItemWithError(self.warnings_dict, n.warn)
+                            == self.warnings_warn
+                })
+        }
+    }
+
     /// A global of module.py, read as `_call_impl` reads it: from the
     /// remembered reads while module.py's globals are unchanged
     /// (`crate::torch_api::hooks::hook_globals`), else looked up as Python

@@ -136,6 +136,34 @@ pub struct Globals {
     pub typename: *mut capi::PyObject,
     pub is_tracing_py: *mut capi::PyObject,
     pub names: Names,
+    /// What `_call_impl`'s `torch._C._is_tracing()` reads, in order: module.py's
+    /// globals, `torch`'s dict, `torch._C`'s dict, each dict with the key and
+    /// the object torch installed there.
+    pub tracing_reads: [(
+        *mut capi::PyObject,
+        *mut capi::PyObject,
+        *mut capi::PyObject,
+    ); 3],
+    tracing_checked: crate::cpython::validity::Checked<3>,
+}
+
+impl Globals {
+    /// Does `_call_impl`'s `torch._C._is_tracing` still read torch's own
+    /// objects? A proxy in module.py's `torch` (or a replaced `torch._C` or
+    /// `_is_tracing`) sees stock's reads, so the native call stands aside.
+    /// Runs no code; remembered by the three dicts' versions.
+    #[inline(always)]
+    pub fn torch_reads_intact(&self) -> bool {
+        let r = &self.tracing_reads;
+        // SAFETY: exact dicts held for the process; the GIL is held.
+        unsafe {
+            self.tracing_checked.pass([r[0].0, r[1].0, r[2].0], || {
+                r.iter().all(|&(d, k, want)| {
+                    crate::cpython::quiet::dict(d) && capi::PyDict_GetItemWithError(d, k) == want
+                })
+            })
+        }
+    }
 }
 
 // SAFETY: every field is an immortal-by-convention strong reference that is
@@ -187,10 +215,30 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
     let collections = py.import("collections")?;
     let odict = collections.getattr("OrderedDict")?;
     let c = torch.getattr("_C")?;
-    let is_tracing_py = match c.getattr("_is_tracing") {
-        Ok(f) => f,
-        Err(_) => c.getattr("_get_tracing_state")?,
+    let (is_tracing_py, tracing_name) = match c.getattr("_is_tracing") {
+        Ok(f) => (f, "_is_tracing"),
+        Err(_) => (c.getattr("_get_tracing_state")?, "_get_tracing_state"),
     };
+    let dict_of = |m: &Bound<'_, PyAny>| -> PyResult<*mut capi::PyObject> {
+        Ok(m.getattr("__dict__")?.into_ptr())
+    };
+    let tracing_reads = [
+        (
+            module_mod.getattr("__dict__")?.into_ptr(),
+            intern(py, "torch"),
+            torch.clone().into_any().into_ptr(),
+        ),
+        (
+            dict_of(torch.as_any())?,
+            intern(py, "_C"),
+            c.clone().into_ptr(),
+        ),
+        (
+            dict_of(&c)?,
+            intern(py, tracing_name),
+            is_tracing_py.clone().into_ptr(),
+        ),
+    ];
     let module_globals = module_mod.getattr("__dict__")?.cast_into::<PyDict>()?;
 
     let orig = Originals {
@@ -266,6 +314,8 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         typename: torch.getattr("typename")?.into_ptr(),
         is_tracing_py: is_tracing_py.into_ptr(),
         names,
+        tracing_reads,
+        tracing_checked: crate::cpython::validity::Checked::new(),
     };
     // A concurrent init (impossible under the GIL) would only leak references.
     let _ = GLOBALS.set(g);

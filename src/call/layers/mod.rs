@@ -150,6 +150,12 @@ pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         },
         bodies,
     };
+    crate::call::containers::init_builtins(
+        py,
+        &config.get_item("sequential_iter")?.ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("fastmodule: layers lack sequential_iter")
+        })?,
+    )?;
     let _ = LEAVES.set(l);
     table::init(py, config)
 }
@@ -195,7 +201,10 @@ pub unsafe fn forward(
         }
         activations::relu(l, slf, input, entry)
     } else if func == l.sequential_forward {
-        if !l.bodies.sequential_forward.intact() || !l.bodies.sequential_iter.intact() {
+        if !l.bodies.sequential_forward.intact()
+            || !l.bodies.sequential_iter.intact()
+            || !crate::call::containers::builtins_intact()
+        {
             return None;
         }
         containers::sequential(l, slf, input, entry)
