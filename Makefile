@@ -24,7 +24,8 @@ PY := 3.11
 TORCH := $(TORCH_LATEST)
 
 .PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
-	bench bench-instructions lint check-py314 wheels check-wheels clean
+	bench bench-instructions lint check-py314 wheels check-wheels gpu-check gpu-check-dry \
+	gpu-check-bundle clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -182,6 +183,60 @@ check-wheels: $(VENV)/.wheel-tools
 		VERSIONS="$(WHEEL_VERSIONS)" ARCHS="$(ARCHS)" \
 		MAX_GLIBC_MINOR=$(lastword $(subst _, ,$(MANYLINUX))) \
 		TORCH_FROM="$(TORCH_FROM)" bash scripts/check_wheels.sh dist
+
+# The CUDA check, to carry to a machine with a CUDA device, CPython 3.12 and torch, without
+# Rust or network (docs/development.md): target/gpu-check/bundle holds the cp312 x86_64
+# wheel (maturin + zig, manylinux_2_28, as `make wheels`; cargo's files in
+# target/gpu-check/cargo) and scripts/gpu_check/ with scripts/smoke_wheel.py, and
+# target/gpu-check/fastmodule-gpu-check.tar.gz is the same as one file. `make gpu-check`
+# builds it, then runs it where nvidia-smi sees a device (output in target/gpu-check/out)
+# and says how to carry it where not. DRY_RUN=1 (or `make gpu-check-dry`): the bundle's
+# run.sh --dry-run here, on the CPU, with GPU_CHECK_PYTHON (a CPython 3.12 with torch; by
+# default the matrix cell's venv) as the system interpreter; output in
+# target/gpu-check/dry-out.
+GPU_CHECK := target/gpu-check
+GPU_CHECK_PYTHON ?= $(firstword $(wildcard .venv-py3.12-torch*/bin/python) $(PY312))
+DRY_RUN := 0
+
+gpu-check-bundle: $(VENV)/.wheel-tools
+	@test -n "$(PY312)" || { echo "gpu-check needs CPython 3.12 (python3.12 on PATH or pyenv's; PY312=...)"; exit 1; }
+	@rm -rf $(GPU_CHECK)/bundle && mkdir -p $(GPU_CHECK)/bundle
+	@echo "building the cp312 x86_64 wheel (log: $(GPU_CHECK)/build.log)"
+	@start=$$(date +%s); \
+	CARGO_TARGET_DIR=$(abspath $(GPU_CHECK))/cargo PATH="$(abspath $(VENV))/bin:$$PATH" \
+	  $(VENV)/bin/maturin build --release --zig --compatibility $(MANYLINUX) \
+	  --target x86_64-unknown-linux-gnu --out $(GPU_CHECK)/bundle --interpreter $(PY312) \
+	  >$(GPU_CHECK)/build.log 2>&1 || { cat $(GPU_CHECK)/build.log; echo "wheel build failed"; exit 1; }; \
+	echo "wheel built in $$(( $$(date +%s) - start ))s"
+	@cp scripts/gpu_check/run.sh scripts/gpu_check/gpu_check.py scripts/gpu_check/parity.py \
+		scripts/smoke_wheel.py $(GPU_CHECK)/bundle/
+	@tar -czf $(GPU_CHECK)/fastmodule-gpu-check.tar.gz -C $(GPU_CHECK) bundle
+	@echo "bundle: $(GPU_CHECK)/bundle ($$(du -sh $(GPU_CHECK)/bundle | cut -f1)), as one file:" \
+		"$(GPU_CHECK)/fastmodule-gpu-check.tar.gz ($$(du -sh $(GPU_CHECK)/fastmodule-gpu-check.tar.gz | cut -f1))"
+
+gpu-check: gpu-check-bundle
+ifeq ($(DRY_RUN),1)
+	@test -n "$(GPU_CHECK_PYTHON)" || { echo "the dry run needs a CPython 3.12 with torch" \
+		"(make test-cell PY=3.12 TORCH=2.11 makes one; or GPU_CHECK_PYTHON=...)"; exit 1; }
+	@echo "dry run of the bundle on the CPU with $(GPU_CHECK_PYTHON)"
+	@start=$$(date +%s); \
+	PYTHON=$(abspath $(GPU_CHECK_PYTHON)) OUT=$(abspath $(GPU_CHECK))/dry-out \
+		bash $(GPU_CHECK)/bundle/run.sh --dry-run; rc=$$?; \
+	echo "gpu-check dry run: exit status $$rc in $$(( $$(date +%s) - start ))s" \
+		"(output: $(GPU_CHECK)/dry-out)"; exit $$rc
+else
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  OUT=$(abspath $(GPU_CHECK))/out bash $(GPU_CHECK)/bundle/run.sh; \
+	else \
+	  echo "no CUDA device here (nvidia-smi sees none). Carry the bundle to a machine with one:"; \
+	  echo "  scp $(GPU_CHECK)/fastmodule-gpu-check.tar.gz HOST:  # a few MB"; \
+	  echo "  there: tar -xzf fastmodule-gpu-check.tar.gz && bash bundle/run.sh  # 8 min at most"; \
+	  echo "  and bring back ./gpu-check-out (summary.txt, summary.json, the JSON of each phase, logs/)"; \
+	fi
+endif
+
+gpu-check-dry:
+	@$(MAKE) --no-print-directory gpu-check DRY_RUN=1
 
 clean:
 	rm -rf target dist $(VENV) .venv-py* python/fastmodule/*.so
