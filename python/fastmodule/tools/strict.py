@@ -25,10 +25,10 @@ When a value is judged:
   instance's construction is; switching strict off puts every original back. Under
   ``strict(error=True)`` the error is raised when that ``__init__`` returns.
 - A container assigned at any other time is judged at its assignment.
-- Tensors assigned during a module's forward (an attention map kept for inspection,
-  a cache for the next call) are reported as :class:`StrictRegistrationInfo`, never
-  raised: a value computed per call, most often not state. Unregistered modules and
-  parameters stay warnings there: they are never computed per call.
+- Anything assigned during a module's forward (an attention map kept for inspection,
+  a cache for the next call, a helper made lazily) is reported as
+  :class:`StrictRegistrationInfo`, never raised: what a forward keeps is most often
+  not state, and strict is no place to fail a forward.
 
 Only assignments made by code outside torch and fastmodule are checked (torch's own
 modules keep derived values as plain attributes on purpose, e.g. ``weight_norm``'s
@@ -352,7 +352,7 @@ def _check(
     if found is None:
         return
     code, what, fix = found
-    info = code in ("FM003", "FM005") and _in_forward(frame)
+    info = _in_forward(frame)
     if info:
         what += " during a forward"
         fix = "nothing if it is kept for inspection or for the next call; else " + (
