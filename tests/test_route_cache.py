@@ -105,3 +105,22 @@ def test_unwritable_cache_folder_is_no_error(
     funcs, walked = _originals()
     assert inline_routes._prefixed_cached(funcs, walked)
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_code_made_for_another_copy_of_torch_is_not_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same torch source installed elsewhere (another venv, a fresh clone's) has
+    the same hash, but the code objects carry its file: never taken for this one's."""
+    monkeypatch.setenv("FASTMODULE_CACHE_DIR", str(tmp_path))
+    funcs, walked = _originals()
+    fresh = inline_routes._prefixed_cached(funcs, walked)
+    [kept] = list(tmp_path.iterdir())
+    made_from, codes = marshal.loads(kept.read_bytes())
+    elsewhere = {
+        n: c.replace(co_filename="/elsewhere/torch/nn/modules/module.py") for n, c in codes.items()
+    }
+    kept.write_bytes(marshal.dumps((made_from, elsewhere)))
+    again = inline_routes._prefixed_cached(funcs, walked)
+    assert _same(again, fresh)
+    assert all(c.co_filename == funcs[n].__code__.co_filename for n, c in again.items())

@@ -355,7 +355,9 @@ def _running(funcs: dict[str, types.FunctionType]) -> dict[str, bytes]:
     first line and qualified name."""
     return {
         name: hashlib.sha256(
-            f.__code__.co_code + f"{f.__code__.co_firstlineno}:{f.__code__.co_qualname}".encode()
+            f.__code__.co_code
+            + f"{f.__code__.co_firstlineno}:{f.__code__.co_qualname}:".encode()
+            + f.__code__.co_filename.encode("utf-8", "surrogatepass")
         ).digest()
         for name, f in funcs.items()
     }
@@ -370,7 +372,10 @@ def _cache_file(funcs: dict[str, types.FunctionType], walked: set[str]) -> str |
     if folder is None or torch_hash is None or own_hash is None:
         return None
     names = ",".join(f"{n}{'*' if n in walked else ''}" for n in sorted(funcs))
-    key = "|".join((sys.implementation.cache_tag or "", sys.version, torch_hash, own_hash, names))
+    # The file's path too: the code objects carry it (tracebacks, warnings), and
+    # the same torch installed in two places has the same hash.
+    parts = (sys.implementation.cache_tag or "", sys.version, torch_file, torch_hash, own_hash)
+    key = "|".join((*parts, names))
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return os.path.join(folder, f"routes-{digest}.bin")
 
@@ -383,7 +388,12 @@ def _load(path: str, funcs: dict[str, types.FunctionType]) -> dict[str, types.Co
         return None
     if made_from != _running(funcs) or not isinstance(codes, dict):
         return None
-    if not all(isinstance(c, types.CodeType) for c in codes.values()):
+    if not all(
+        isinstance(c, types.CodeType)
+        and name in funcs
+        and c.co_filename == funcs[name].__code__.co_filename
+        for name, c in codes.items()
+    ):
         return None
     return codes
 
