@@ -58,6 +58,10 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
     torch_api::originals::init(py, fast_module)?;
     call::slots::capture_generic(torch_api::originals::require(py)?);
     instance::walk_facts::init(torch_api::originals::require(py)?);
+    plans::roots::register(&plans::module_walks::TABLE);
+    plans::roots::register(&plans::eager::TABLE);
+    plans::roots::register(&state::state_dict_plan::TABLE);
+    plans::roots::register(&state::load_state_dict_plan::TABLE);
     registry::vectorcalls::install(py)?;
     call::slots::install_class(py, fast_module)?;
     instance::registries::init(py)?;
@@ -86,11 +90,31 @@ fn walk_method<'py>(
 /// Forget every recorded walk (the next walk of each tree records anew).
 #[pyfunction]
 fn clear_plans() {
-    plans::module_walks::clear();
-    plans::eager::TABLE.clear();
-    state::state_dict_plan::TABLE.clear();
-    state::load_state_dict_plan::TABLE.clear();
-    plans::table::clear_refusals();
+    plans::roots::forget_all();
+}
+
+/// Give back what fastmodule keeps for the tree of `modules` (all of its
+/// modules; `restore(model)`): every plan recorded for one of them as the
+/// root, the walk facts of their instance dicts, and the remembered names
+/// (all of them: the names of other trees are made again by their next live
+/// walk; their plans hold their own).
+#[pyfunction]
+fn forget_tree(modules: &Bound<'_, PyAny>) -> PyResult<()> {
+    let mut roots = std::collections::HashSet::new();
+    for m in modules.try_iter()? {
+        let m = m?;
+        roots.insert(m.as_ptr() as usize);
+        instance::walk_facts::forget(m.as_ptr());
+    }
+    plans::roots::forget(&roots);
+    instance::qualified_names::clear();
+    Ok(())
+}
+
+/// `(roots watched for their plans, names remembered)`, for tests.
+#[pyfunction]
+fn plan_memory() -> (usize, usize) {
+    (plans::roots::watched(), instance::qualified_names::count())
 }
 
 /// `(walks recorded as plans, walks started from a plan)` since import.
@@ -381,6 +405,8 @@ fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_memory, m)?)?;
     m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(eager_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(state_dict_plan_stats, m)?)?;

@@ -1,7 +1,8 @@
 """Native core of fastmodule (private; use :mod:`fastmodule`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import CodeType
+from typing import Any
 
 def init(fast_module: type, off: list[str] = ...) -> None:
     """Capture torch's originals and install the slots on ``fast_module``; the
@@ -31,6 +32,14 @@ def walk(method: str, module: object, *args: object) -> object:
 
 def clear_plans() -> None:
     """Forget every recorded tree walk (the next walk of each tree records anew)."""
+
+def forget_tree(modules: Iterable[Any]) -> None:
+    """Give back what is kept for the tree of ``modules`` (all its modules): the plans
+    recorded with one of them as the root, their walk facts, and the remembered names
+    (``restore``)."""
+
+def plan_memory() -> tuple[int, int]:
+    """(roots watched for their plans, names remembered), for tests."""
 
 def plan_stats() -> tuple[int, int]:
     """(tree walks recorded as plans, walks started from a plan) since import."""

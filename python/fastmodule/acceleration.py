@@ -114,6 +114,8 @@ def restore(model: M) -> M:
     """Undo :func:`accelerate` for the classes in ``model``'s tree; returns ``model``.
 
     ``fastmodule.Module`` subclasses stay fast: that is their definition.
+    What fastmodule remembered about the tree (the walks recorded for its
+    modules, the names built for them) is given back.
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``.
@@ -121,8 +123,10 @@ def restore(model: M) -> M:
     _check(model, "restore")
     if not NATIVE:
         return model
-    for cls in _classes(model):
+    modules = list(torch.nn.Module.modules(model))
+    for cls in dict.fromkeys(type(m) for m in modules):
         _core.restore_class(cls)
+    _core.forget_tree(modules)
     return model
 
 

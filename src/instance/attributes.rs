@@ -28,7 +28,7 @@ pub unsafe fn instance_dict(obj: *mut capi::PyObject) -> *mut capi::PyObject {
 
 /// Borrowed instance `__dict__`, or null, not readied.
 #[inline(always)]
-unsafe fn dict_as_is(obj: *mut capi::PyObject) -> *mut capi::PyObject {
+pub unsafe fn dict_as_is(obj: *mut capi::PyObject) -> *mut capi::PyObject {
     let p = _PyObject_GetDictPtr(obj);
     if p.is_null() {
         std::ptr::null_mut()

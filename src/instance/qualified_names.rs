@@ -8,7 +8,10 @@
 //! allocation, two copies and, later, the deallocation. The cache holds strong
 //! references to the prefix, the key and the result, so an address in it
 //! always denotes the object it was stored for; it holds only exact `str`s
-//! (never modules or tensors), and a bounded number of them.
+//! (never modules or tensors), and a bounded number of them. [`clear`] gives
+//! them back (each str goes unless something else holds it): when a tree is
+//! restored, and when a tree whose plans were kept dies after many names were
+//! made ([`note_tree_freed`]).
 use crate::cpython::capi;
 use std::cell::UnsafeCell;
 
@@ -88,6 +91,7 @@ pub unsafe fn store(
         return;
     }
     let set = &mut (*TABLE.0.get())[set_index(kind, prefix, key)];
+    *STORED.0.get() += 1;
     let old = set[1];
     set[1] = set[0];
     capi::Py_INCREF(prefix);
@@ -104,6 +108,70 @@ pub unsafe fn store(
         if !p.is_null() {
             capi::Py_DECREF(p);
         }
+    }
+}
+
+/// Names stored since the last [`clear`].
+struct Stored(UnsafeCell<usize>);
+// SAFETY: read and written only with the GIL held.
+unsafe impl Sync for Stored {}
+static STORED: Stored = Stored(UnsafeCell::new(0));
+
+/// How many names must have been made since the last [`clear`] before a
+/// tree's death clears again: clearing reads the whole table (4 MiB), and
+/// names of trees still alive are made again on their next live walk, so
+/// trees that die often cost it once per this many names (each one an
+/// allocation) at most.
+const CLEAR_AFTER: usize = 1 << 12;
+
+/// Forget every remembered name: each str goes unless something else (a
+/// plan, the caller's dict of names) holds it. Runs no Python code: only
+/// exact strs are released.
+pub fn clear() {
+    if crate::cpython::FREE_THREADED {
+        return;
+    }
+    // SAFETY: GIL held; the table is consistent before each release.
+    unsafe {
+        *STORED.0.get() = 0;
+        for set in (*TABLE.0.get()).iter_mut() {
+            for slot in set.iter_mut() {
+                if !slot.joined.is_null() {
+                    release(slot);
+                }
+            }
+        }
+    }
+}
+
+/// Empty `slot`, releasing its three strs.
+unsafe fn release(slot: &mut Slot) {
+    let old = std::mem::replace(slot, EMPTY);
+    for p in [old.prefix, old.key, old.joined] {
+        if !p.is_null() {
+            capi::Py_DECREF(p);
+        }
+    }
+}
+
+/// A tree whose plans were kept died: forget every name if many were made
+/// since the last time (a large tree's, which nothing may hold now).
+pub fn note_tree_freed() {
+    // SAFETY: GIL held.
+    if unsafe { *STORED.0.get() } >= CLEAR_AFTER {
+        clear();
+    }
+}
+
+/// How many names are remembered (for tests).
+pub fn count() -> usize {
+    // SAFETY: GIL held.
+    unsafe {
+        (*TABLE.0.get())
+            .iter()
+            .flatten()
+            .filter(|s| !s.joined.is_null())
+            .count()
     }
 }
 

@@ -129,6 +129,25 @@ unsafe fn entry(
     Some(&mut set[0])
 }
 
+/// Forget what is remembered for `module`'s instance dict (`restore`). The
+/// facts hold no reference; this only leaves nothing of a restored tree.
+pub fn forget(module: *mut capi::PyObject) {
+    // SAFETY: GIL held; `module` is alive (the caller holds it).
+    unsafe {
+        let dict = crate::instance::attributes::dict_as_is(module);
+        if dict.is_null() {
+            return;
+        }
+        if let Some(set) = set_of(dict) {
+            for e in set.iter_mut() {
+                if e.key.dict == dict {
+                    *e = EMPTY;
+                }
+            }
+        }
+    }
+}
+
 /// Has `is_native` answered yes for method `bit` on an instance of `tp` with
 /// instance dict `dict`, at the dict's and the class's current versions? Its
 /// answer depends only on the class (and its bases, `torch.nn.Module`

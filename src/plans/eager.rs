@@ -65,6 +65,12 @@ pub(crate) struct Plan {
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
 
+impl crate::plans::table::Root for Plan {
+    fn root(&self) -> usize {
+        self.root as usize
+    }
+}
+
 /// The slot and plan of `root`'s `walk`, if every visit still holds (a stale
 /// plan is dropped).
 fn holding(root: *mut capi::PyObject, walk: Walk) -> Option<(usize, std::sync::Arc<Plan>)> {
@@ -185,8 +191,8 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         refuse(key);
         return;
     }
-    let root = plan.root;
-    TABLE.store(|p| p.root == root && p.walk == walk, plan);
+    let r = plan.root;
+    TABLE.store(root, |p| p.root == r && p.walk == walk, plan);
 }
 
 /// Record `module`'s visit and its children's, in torch's order; false where

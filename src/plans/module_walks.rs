@@ -191,12 +191,16 @@ impl Recorder {
     }
 
     /// Keep the recording if it is complete and nothing it read changed.
-    pub fn finish(self) {
+    pub fn finish(self, py: Python<'_>) {
         if !self.ok || !crate::cpython::validity::caches_on() {
             return;
         }
         if unsafe { self.plan.still_valid() } {
-            store(Arc::new(self.plan));
+            // SAFETY: the root is alive: the recording walk's memo holds it.
+            let root = unsafe { Bound::from_borrowed_ptr(py, self.plan.key.root as *mut _) };
+            if crate::plans::roots::watch(&root) {
+                store(Arc::new(self.plan));
+            }
         }
     }
 }
@@ -219,13 +223,34 @@ pub fn note_replay() {
 
 const SLOTS: usize = 8;
 
-struct Table(UnsafeCell<[Option<Arc<Plan>>; SLOTS]>, UnsafeCell<usize>);
+pub struct Table(UnsafeCell<[Option<Arc<Plan>>; SLOTS]>, UnsafeCell<usize>);
 // SAFETY: read and written only with the GIL held.
 unsafe impl Sync for Table {}
-static TABLE: Table = Table(
+pub static TABLE: Table = Table(
     UnsafeCell::new([None, None, None, None, None, None, None, None]),
     UnsafeCell::new(0),
 );
+
+impl crate::plans::roots::Rooted for Table {
+    fn forget_roots(&self, is_gone: &dyn Fn(usize) -> bool) {
+        // SAFETY: GIL held; each old plan is released after its slot is
+        // consistent (releasing names runs no code).
+        unsafe {
+            let slots = &mut *self.0.get();
+            for s in slots.iter_mut() {
+                if s.as_ref().is_some_and(|p| is_gone(p.key.root)) {
+                    let old = s.take();
+                    drop(old);
+                }
+            }
+        }
+    }
+
+    fn has_root(&self, root: usize) -> bool {
+        // SAFETY: GIL held.
+        unsafe { (*self.0.get()).iter().flatten().any(|p| p.key.root == root) }
+    }
+}
 
 /// The plan recorded for `key`, if any (it may be stale: replays check).
 pub fn find(key: &PlanKey) -> Option<Arc<Plan>> {
@@ -388,16 +413,5 @@ pub fn root_holds(plan: &Plan, root: *mut capi::PyObject) -> bool {
             && !n.mods.dict.is_null()
             && n.mods.unchanged()
             && (plan.key.registry == 0 || (!n.reg.dict.is_null() && n.reg.unchanged()))
-    }
-}
-
-/// Forget every plan (tests; and `fastmodule` never needs them to be kept).
-pub fn clear() {
-    unsafe {
-        let slots = &mut *TABLE.0.get();
-        for s in slots.iter_mut() {
-            let old = s.take();
-            drop(old);
-        }
     }
 }

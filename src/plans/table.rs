@@ -23,7 +23,7 @@ const SLOTS: usize = 4;
 /// Up to four plans, found by what they record (their root, and the walk or
 /// prefix), replaced round-robin; with the counts of plans recorded and calls
 /// replayed (for tests and diagnostics).
-pub struct Table<P> {
+pub struct Table<P: Root> {
     slots: UnsafeCell<[Option<Arc<P>>; SLOTS]>,
     next: UnsafeCell<usize>,
     recorded: AtomicUsize,
@@ -32,9 +32,28 @@ pub struct Table<P> {
 
 // SAFETY: the slots are read and written only with the GIL held (never on
 // free-threaded builds); a plan's raw pointers are only dereferenced there.
-unsafe impl<P> Sync for Table<P> {}
+unsafe impl<P: Root> Sync for Table<P> {}
 
-impl<P> Table<P> {
+/// A plan's root (its address: a plan holds no reference to it).
+pub trait Root {
+    fn root(&self) -> usize;
+}
+
+impl<P: Root> crate::plans::roots::Rooted for Table<P> {
+    fn forget_roots(&self, is_gone: &dyn Fn(usize) -> bool) {
+        for i in 0..SLOTS {
+            if self.slots()[i].as_ref().is_some_and(|p| is_gone(p.root())) {
+                self.forget(i);
+            }
+        }
+    }
+
+    fn has_root(&self, root: usize) -> bool {
+        self.slots().iter().flatten().any(|p| p.root() == root)
+    }
+}
+
+impl<P: Root> Table<P> {
     pub const fn new() -> Self {
         Table {
             slots: UnsafeCell::new([None, None, None, None]),
@@ -74,8 +93,14 @@ impl<P> Table<P> {
         drop(old);
     }
 
-    /// Keep `plan`, in the slot of the plan `is` accepts or the next one.
-    pub fn store(&self, is: impl Fn(&P) -> bool, plan: P) {
+    /// Keep `plan` (for `root`), in the slot of the plan `is` accepts or the
+    /// next one; not kept when `root` cannot be watched
+    /// (`crate::plans::roots`: its plans go when it dies).
+    pub fn store(&self, root: &pyo3::Bound<'_, pyo3::PyAny>, is: impl Fn(&P) -> bool, plan: P) {
+        debug_assert_eq!(plan.root(), root.as_ptr() as usize);
+        if !crate::plans::roots::watch(root) {
+            return;
+        }
         self.recorded.fetch_add(1, Relaxed);
         let slots = self.slots();
         let i = match slots.iter().position(|p| p.as_ref().is_some_and(|p| is(p))) {
@@ -99,12 +124,6 @@ impl<P> Table<P> {
     /// `(plans recorded, calls replayed)` since import.
     pub fn stats(&self) -> (usize, usize) {
         (self.recorded.load(Relaxed), self.replayed.load(Relaxed))
-    }
-
-    pub fn clear(&self) {
-        for i in 0..SLOTS {
-            self.forget(i);
-        }
     }
 }
 
@@ -159,10 +178,12 @@ pub fn refuse(key: (*mut capi::PyObject, Walk)) {
     table[i] = (key, RETRY_AFTER);
 }
 
-/// Forget every refusal (with the plans, for tests).
-pub fn clear_refusals() {
+/// Forget the refusals of the roots `is_gone` accepts (freed, or restored).
+pub fn forget_refusals(is_gone: &dyn Fn(usize) -> bool) {
     // SAFETY: GIL held.
     for r in unsafe { &mut *REFUSED.0.get() }.iter_mut() {
-        r.1 = 0;
+        if is_gone(r.0 .0 as usize) {
+            *r = ((std::ptr::null_mut(), Walk::Train), 0);
+        }
     }
 }

@@ -80,6 +80,12 @@ pub(crate) struct Plan {
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
 
+impl crate::plans::table::Root for Plan {
+    fn root(&self) -> usize {
+        self.root as usize
+    }
+}
+
 /// torch's own `_load_from_state_dict` and `set_extra_state`.
 pub struct Originals {
     pub load_from_state_dict: *mut capi::PyObject,
@@ -351,7 +357,7 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
         refuse(key);
         return;
     }
-    TABLE.store(|p| p.root == r, plan);
+    TABLE.store(root, |p| p.root == r, plan);
 }
 
 /// A registry name a plan can key on: an exact str, not empty, without `.`,

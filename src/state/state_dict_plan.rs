@@ -71,6 +71,12 @@ pub(crate) struct Plan {
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
 
+impl crate::plans::table::Root for Plan {
+    fn root(&self) -> usize {
+        self.root as usize
+    }
+}
+
 fn same_str(a: &Bound<'_, PyAny>, b: &Py<PyAny>) -> bool {
     // Both exact str: the comparison runs no code and cannot fail.
     a.as_ptr() == b.as_ptr() || unsafe { capi::PyUnicode_Compare(a.as_ptr(), b.as_ptr()) == 0 }
@@ -235,8 +241,8 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
         refuse(key);
         return;
     }
-    let root = plan.root;
-    TABLE.store(|p| p.root == root && same_str(prefix, &p.prefix), plan);
+    let r = plan.root;
+    TABLE.store(root, |p| p.root == r && same_str(prefix, &p.prefix), plan);
 }
 
 /// Record `module`'s visit under `prefix` and its children's, in torch's

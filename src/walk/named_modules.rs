@@ -392,7 +392,7 @@ impl NamedModules {
             let depth = self.stack.len() as u32;
             let Some(top) = self.stack.last_mut() else {
                 if let Some(rec) = self.rec.take() {
-                    rec.finish();
+                    rec.finish(py);
                 }
                 return Ok(None);
             };

@@ -1,0 +1,175 @@
+//! The roots plans are recorded for, each held weakly, so that a tree's plans
+//! go with it: a plan holds no reference to its tree (its modules and tensors
+//! are borrowed), only what it built (names, keys); when the root dies, a
+//! weak reference's callback drops every plan recorded for it, in every
+//! table. `fastmodule.restore(model)` drops those of a tree's roots
+//! explicitly ([`forget`]).
+//!
+//! Each table that keeps plans registers itself once ([`register`], at
+//! import); a root is watched ([`watch`]) before a plan for it is stored, and
+//! a plan is stored only when its root can be watched (every `nn.Module`
+//! accepts weak references; a class with `__slots__` and no `__weakref__`
+//! would not, and its trees are then walked live).
+//!
+//! Everything here runs with the GIL held (plans are off on free-threaded
+//! builds). A weak reference's callback may run wherever Python allocates or
+//! frees (a cyclic collection, a reference dropped), so no borrow of the
+//! roots or of a table is held across anything that may: a table's own
+//! operations allocate nothing Python, and the roots are borrowed only
+//! between such points.
+use pyo3::prelude::*;
+use pyo3::types::PyWeakrefReference;
+use std::cell::UnsafeCell;
+use std::sync::OnceLock;
+
+/// A table of plans, as [`forget`] and the weak references' callback see it.
+pub trait Rooted: Sync {
+    /// Drop every plan whose root `is_gone` accepts (by address).
+    fn forget_roots(&self, is_gone: &dyn Fn(usize) -> bool);
+    /// Is a plan for `root` kept?
+    fn has_root(&self, root: usize) -> bool;
+}
+
+struct Root {
+    addr: usize,
+    /// A weak reference to the root, with [`root_freed`] as its callback.
+    weak: Py<PyWeakrefReference>,
+}
+
+struct Roots {
+    roots: UnsafeCell<Vec<Root>>,
+    tables: UnsafeCell<Vec<&'static dyn Rooted>>,
+}
+// SAFETY: read and written only with the GIL held.
+unsafe impl Sync for Roots {}
+static ROOTS: Roots = Roots {
+    roots: UnsafeCell::new(Vec::new()),
+    tables: UnsafeCell::new(Vec::new()),
+};
+
+/// Called by every function here, each borrow ended before anything that
+/// may run a callback.
+#[allow(clippy::mut_from_ref)]
+fn roots() -> &'static mut Vec<Root> {
+    // SAFETY: GIL held; no reference outlives the caller's short use.
+    unsafe { &mut *ROOTS.roots.get() }
+}
+
+fn tables() -> &'static [&'static dyn Rooted] {
+    // SAFETY: GIL held; written only by `register`, at import.
+    unsafe { &*ROOTS.tables.get() }
+}
+
+/// Add a table of plans (once each, at import).
+pub fn register(table: &'static dyn Rooted) {
+    // SAFETY: GIL held.
+    let tables = unsafe { &mut *ROOTS.tables.get() };
+    if !tables.iter().any(|t| std::ptr::addr_eq(*t, table)) {
+        tables.push(table);
+    }
+}
+
+static CALLBACK: OnceLock<Py<PyAny>> = OnceLock::new();
+
+/// The weak references' callback: the root is being freed; its plans go
+/// (before its memory can be reused by another object).
+#[pyfunction]
+fn plan_root_freed(weak: &Bound<'_, PyAny>) {
+    let w = weak.as_ptr();
+    let list = roots();
+    let Some(i) = list.iter().position(|r| r.weak.as_ptr() == w) else {
+        return;
+    };
+    let root = list.swap_remove(i);
+    let addr = root.addr;
+    for t in tables() {
+        t.forget_roots(&|r| r == addr);
+    }
+    crate::plans::table::forget_refusals(&|r| r == addr);
+    // Released last (the caller holds `weak` until we return).
+    drop(root);
+    crate::instance::qualified_names::note_tree_freed();
+}
+
+fn callback(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
+    if let Some(c) = CALLBACK.get() {
+        return Ok(c);
+    }
+    let f = wrap_pyfunction!(plan_root_freed, py)?.into_any().unbind();
+    Ok(CALLBACK.get_or_init(|| f))
+}
+
+/// Watch `root` (call before storing a plan for it): false when it cannot
+/// be (no weak references; the plan is then not kept), with no exception
+/// left set.
+pub fn watch(root: &Bound<'_, PyAny>) -> bool {
+    let addr = root.as_ptr() as usize;
+    if roots().iter().any(|r| r.addr == addr) {
+        return true;
+    }
+    let py = root.py();
+    // Made with nothing borrowed: allocating may run other roots' callbacks.
+    let weak = match callback(py).and_then(|c| PyWeakrefReference::new_with(root, c.bind(py))) {
+        Ok(w) => w.unbind(),
+        Err(_) => return false,
+    };
+    let list = roots();
+    if list.iter().any(|r| r.addr == addr) {
+        drop(weak);
+        return true;
+    }
+    list.push(Root { addr, weak });
+    release_unused();
+    true
+}
+
+/// Stop watching roots no table keeps a plan for (a plan replaced by another
+/// root's), once there are more than a few.
+fn release_unused() {
+    if roots().len() <= 32 {
+        return;
+    }
+    let unused: Vec<Root> = {
+        let list = roots();
+        let (keep, unused): (Vec<Root>, Vec<Root>) = std::mem::take(list)
+            .into_iter()
+            .partition(|r| tables().iter().any(|t| t.has_root(r.addr)));
+        *list = keep;
+        unused
+    };
+    // Dropping a weak reference runs no callback.
+    drop(unused);
+}
+
+/// Drop every plan recorded for a root in `addrs` (and stop watching it):
+/// `restore(model)` for the modules of its tree.
+pub fn forget(addrs: &std::collections::HashSet<usize>) {
+    let gone = |r: usize| addrs.contains(&r);
+    for t in tables() {
+        t.forget_roots(&gone);
+    }
+    crate::plans::table::forget_refusals(&gone);
+    let unused: Vec<Root> = {
+        let list = roots();
+        let (unused, keep): (Vec<Root>, Vec<Root>) =
+            std::mem::take(list).into_iter().partition(|r| gone(r.addr));
+        *list = keep;
+        unused
+    };
+    drop(unused);
+}
+
+/// Drop every plan of every table, and stop watching every root.
+pub fn forget_all() {
+    for t in tables() {
+        t.forget_roots(&|_| true);
+    }
+    crate::plans::table::forget_refusals(&|_| true);
+    let unused = std::mem::take(roots());
+    drop(unused);
+}
+
+/// How many roots are watched (for tests).
+pub fn watched() -> usize {
+    roots().len()
+}

@@ -1,0 +1,179 @@
+"""What recorded walks (plans) cost in memory, and that it is given back.
+
+A fresh interpreter (so that nothing another test left behind counts) builds a
+tree of 4,001 modules, accelerates it and runs every whole-tree method that
+records a plan, twice. What that adds is measured with glibc's ``mallinfo2``
+(the native side: plans live in Rust allocations; CPython's small objects live
+in its own arenas, which ``mallinfo2`` does not see) and, in a second tree,
+with ``tracemalloc`` (the Python side: the names and keys plans hold). Then
+``fastmodule.restore`` must give it all back, and so must the tree's death
+without a restore: once the tree is gone, memory is back where it was before
+the tree was built.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from fastmodule import _core
+
+BLOCKS = 1000
+MODULES = 4 * BLOCKS + 1
+
+SCRIPT = r"""
+import ctypes, gc, json, sys, tracemalloc
+import torch
+from torch import nn
+import fastmodule
+from fastmodule import _core
+
+torch.set_num_threads(1)
+libc = ctypes.CDLL("libc.so.6")
+
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        ).split()
+    ]
+
+
+libc.mallinfo2.restype = Mallinfo2
+
+
+def malloced():
+    i = libc.mallinfo2()
+    return i.uordblks + i.hblkhd
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.ReLU()
+        self.c = nn.LayerNorm(4)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+def tree(blocks):
+    m = nn.Sequential(*[Block() for _ in range(blocks)])
+    sd = m.state_dict()
+    fastmodule.accelerate(m)
+    return m, sd
+
+
+def ops(m, sd):
+    list(m.named_parameters())
+    list(m.parameters())
+    list(m.named_modules())
+    list(m.named_buffers())
+    m.state_dict()
+    m.load_state_dict(sd)
+    m.train()
+    m.eval()
+    m.zero_grad()
+    m.to(torch.float32)
+    m.requires_grad_(True)
+
+
+def scenario(blocks, measure, end):
+    gc.collect()
+    base = measure()
+    m, sd = tree(blocks)
+    gc.collect()
+    start = measure()
+    ops(m, sd)
+    ops(m, sd)
+    gc.collect()
+    out = {"added": measure() - start}
+    if end == "restore":
+        fastmodule.restore(m)
+        gc.collect()
+        out["restored"] = measure() - start
+        out["names_after_restore"] = _core.plan_memory()[1]
+    del m, sd
+    gc.collect()
+    # Against the start before the tree was built.
+    out["freed"] = measure() - base
+    out["roots_after_death"] = _core.plan_memory()[0]
+    return out
+
+
+blocks = int(sys.argv[1])
+# Whatever a first use allocates once (interned names, lazily made tables).
+scenario(2, malloced, "restore")
+scenario(2, malloced, "die")
+result = {
+    "malloc_restore": scenario(blocks, malloced, "restore"),
+    "malloc_die": scenario(blocks, malloced, "die"),
+}
+tracemalloc.start()
+traced = lambda: tracemalloc.get_traced_memory()[0]
+result["traced_restore"] = scenario(blocks, traced, "restore")
+result["traced_die"] = scenario(blocks, traced, "die")
+print(json.dumps(result))
+"""
+
+glibc = pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+    reason="mallinfo2 is glibc's",
+)
+plans_on = pytest.mark.skipif(
+    not _core.recorded_walks(), reason="plans are off on this interpreter"
+)
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, Any]:
+    # Measured under CPython's own allocator: the debug allocator (the CI cells'
+    # PYTHONMALLOC=debug) routes every Python object through malloc with padding,
+    # so malloc's counts would be Python's, not the plans'.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONMALLOC", "PYTHONDEVMODE")}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(BLOCKS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+# Allocator noise around a measurement (free lists, a Python list's growth).
+SLACK = 128 * 1024
+
+
+@glibc
+@plans_on
+def test_restore_gives_plans_back(measured: dict[str, Any]) -> None:
+    """``restore(model)`` drops the tree's plans and every name only they held."""
+    for kind in ("malloc_restore", "traced_restore"):
+        r = measured[kind]
+        assert r["added"] > 0, (kind, r)
+        assert r["restored"] <= SLACK, (kind, r)
+        assert r["freed"] <= SLACK, (kind, r)
+        assert r["roots_after_death"] == 0, (kind, r)
+
+
+@glibc
+@plans_on
+def test_tree_death_gives_plans_back(measured: dict[str, Any]) -> None:
+    """A tree that dies without ``restore`` takes its plans and their names with it."""
+    for kind in ("malloc_die", "traced_die"):
+        r = measured[kind]
+        assert r["added"] > 0, (kind, r)
+        assert r["freed"] <= SLACK, (kind, r)
+        assert r["roots_after_death"] == 0, (kind, r)
