@@ -191,3 +191,93 @@ def test_tree_death_gives_plans_back(measured: dict[str, Any]) -> None:
         assert r["added"] > 0, (kind, r)
         assert r["freed"] <= SLACK, (kind, r)
         assert r["roots_after_death"] == 0, (kind, r)
+
+
+# ----------------------------------------------------------------- in this process
+
+
+def _tree() -> Any:
+    import torch
+    from torch import nn
+
+    return nn.Sequential(*[nn.Sequential(nn.Linear(2, 2), nn.ReLU()) for _ in range(3)]), torch
+
+
+def _walk_all(m: Any, sd: Any, torch: Any) -> None:
+    list(m.named_parameters())
+    list(m.parameters())
+    list(m.named_modules())
+    m.state_dict()
+    m.load_state_dict(sd)
+    m.train()
+    m.to(torch.float32)
+
+
+@plans_on
+def test_plans_hold_their_root_weakly_and_go_with_it() -> None:
+    """A root with plans is held by one weak reference (never a strong one): the tree
+    dies as in stock, and its plans with it."""
+    import gc
+    import weakref
+
+    import fastmodule
+
+    m, torch = _tree()
+    sd = m.state_dict()
+    fastmodule.accelerate(m)
+    try:
+        _walk_all(m, sd, torch)
+        assert weakref.getweakrefcount(m) == 1
+        watched = _core.plan_memory()[0]
+        alive = weakref.ref(m)
+        del m
+        gc.collect()
+        assert alive() is None
+        assert _core.plan_memory()[0] <= watched - 1
+    finally:
+        fastmodule.restore(_tree()[0])
+
+
+@plans_on
+def test_restore_and_accelerated_exit_drop_the_tree_plans() -> None:
+    """``restore`` and the exit of ``accelerated`` (when it restores) stop watching the
+    tree's roots, and the tree walks as before afterwards."""
+    import weakref
+
+    import fastmodule
+
+    m, torch = _tree()
+    sd = m.state_dict()
+    expected = [n for n, _ in m.named_parameters()]
+    fastmodule.accelerate(m)
+    _walk_all(m, sd, torch)
+    list(m[1].parameters())
+    assert weakref.getweakrefcount(m) == 1
+    assert weakref.getweakrefcount(m[1]) == 1
+    fastmodule.restore(m)
+    assert weakref.getweakrefcount(m) == 0
+    assert weakref.getweakrefcount(m[1]) == 0
+    with fastmodule.accelerated(m):
+        _walk_all(m, sd, torch)
+        assert [n for n, _ in m.named_parameters()] == expected
+        assert weakref.getweakrefcount(m) == 1
+    assert weakref.getweakrefcount(m) == 0
+    assert [n for n, _ in m.named_parameters()] == expected
+
+
+@plans_on
+def test_uninstall_drops_every_plan() -> None:
+    import weakref
+
+    import fastmodule
+
+    fastmodule.install()
+    try:
+        m, torch = _tree()
+        sd = m.state_dict()
+        _walk_all(m, sd, torch)
+        assert weakref.getweakrefcount(m) == 1
+    finally:
+        fastmodule.uninstall()
+    assert weakref.getweakrefcount(m) == 0
+    assert _core.plan_memory() == (0, 0)
