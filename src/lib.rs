@@ -111,6 +111,14 @@ fn forget_tree(modules: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// Give back everything kept for every tree: all plans, and the remembered
+/// names (`uninstall()`: every class is restored).
+#[pyfunction]
+fn forget_all() {
+    plans::roots::forget_all();
+    instance::qualified_names::clear();
+}
+
 /// `(roots watched for their plans, names remembered)`, for tests.
 #[pyfunction]
 fn plan_memory() -> (usize, usize) {
@@ -406,6 +414,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(forget_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_all, m)?)?;
     m.add_function(wrap_pyfunction!(plan_memory, m)?)?;
     m.add_function(wrap_pyfunction!(plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(eager_plan_stats, m)?)?;

@@ -38,6 +38,10 @@ def forget_tree(modules: Iterable[Any]) -> None:
     recorded with one of them as the root, their walk facts, and the remembered names
     (``restore``)."""
 
+def forget_all() -> None:
+    """Give back everything kept for every tree: all plans, and the remembered names
+    (``uninstall``)."""
+
 def plan_memory() -> tuple[int, int]:
     """(roots watched for their plans, names remembered), for tests."""
 

@@ -92,7 +92,8 @@ def accelerate(model: M) -> M:
 @contextlib.contextmanager
 def accelerated(model: M) -> Iterator[M]:
     """``with accelerated(model):`` accelerates ``model``'s classes for the block and
-    restores, on exit, exactly those that were not accelerated before it."""
+    restores, on exit, exactly those that were not accelerated before it (giving back
+    what was kept for the tree, as :func:`restore` does, when it restores any)."""
     _check(model, "accelerated")
     if not NATIVE:
         yield model
@@ -108,6 +109,8 @@ def accelerated(model: M) -> Iterator[M]:
     finally:
         for cls in newly:
             _core.restore_class(cls)
+        if newly:
+            _core.forget_tree(list(torch.nn.Module.modules(model)))
 
 
 def restore(model: M) -> M:
@@ -187,10 +190,12 @@ def installed() -> bool:
 
 
 def uninstall() -> None:
-    """Undo :func:`install`: stop accelerating new classes and restore all."""
+    """Undo :func:`install`: stop accelerating new classes and restore all (what was
+    kept for any tree is given back)."""
     if _INSTALLED.pop("__init_subclass__", None) is None:
         return
     if "__init_subclass__" in torch.nn.Module.__dict__:
         del torch.nn.Module.__init_subclass__
     for cls in _all_subclasses(torch.nn.Module):
         _core.restore_class(cls)
+    _core.forget_all()

@@ -7,15 +7,18 @@
 //! or `named_children`, or hashing its instances other than by identity) and
 //! on the instance dicts and their three registries (`_modules` gives the
 //! children; `train`'s `__setattr__` looks `training` up in `_parameters`
-//! and `_buffers`; `_apply` converts their tensors). A plan lists the visits
-//! of a complete walk, each with its module's class and `tp_version_tag`, its
-//! instance dict and that dict's version, the three registry dicts with their
-//! versions and, for `_apply`, the tensors they held, all read after the walk.
+//! and `_buffers`; `_apply` converts their tensors). A plan lists the
+//! modules a complete walk visits, each once in the order first visited (a
+//! module shared by two parents is visited again with the same outcome),
+//! with its class and `tp_version_tag`, its instance dict and that dict's
+//! version, the three registry dicts with their versions (the tree's
+//! snapshot, `crate::plans::visit::Modules`) and, for `_apply`, the tensors
+//! each visit converts, all read after the walk.
 //!
-//! A replay first checks every visit (a dict's version changes with any
-//! insertion, deletion or rebinding; a class's tag with any change to it or a
-//! base); the first difference hands the call to the live walk, which then
-//! records afresh. For `train`, the checks pass only if torch's walk would
+//! A replay first checks every visited module (a dict's version changes with
+//! any insertion, deletion or rebinding; a class's tag with any change to it
+//! or a base); the first difference hands the call to the live walk, which
+//! then records afresh. For `train`, the checks pass only if torch's walk would
 //! visit the same modules and find each `training` a bool (every visited
 //! module's `training` was `mode` when recorded): rebinding a bool in a
 //! quiet instance dict (`crate::cpython::quiet::dict`: required of every
@@ -23,8 +26,10 @@
 //! no code, so checking everything first and then setting is the same as
 //! torch's interleaving. A dict with a key that compares with `__eq__` would
 //! run it during the set, while the replay holds the plan's borrowed
-//! pointers: such a tree is not recorded (`crate::plans::visit::Checked`). Setting the other mode updates the recorded
-//! versions, so an alternating `train()`/`eval()` keeps its plan. For
+//! pointers: such a tree is not recorded (`crate::plans::visit::Checked`).
+//! Setting the other mode updates the recorded versions (in the plan's own
+//! copy of the snapshot), so an alternating `train()`/`eval()` keeps its
+//! plan. For
 //! `_apply`, the caller then asks of every tensor whether the conversion
 //! leaves it (and its grad) as it is, which reads but changes nothing: if all
 //! do, the whole walk is a no-op; otherwise it runs live from the start.
@@ -39,27 +44,35 @@ use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
 use crate::instance::dispatch::{is_native, Method};
 use crate::plans::table::{refuse, refused, Table, Walk};
-use crate::plans::visit::Checked;
+use crate::plans::visit::{Builder, Checked, Modules};
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-/// One module as the walk visits it.
-struct Visit {
-    module: Checked,
-    /// `_apply`: this visit's non-None parameters, then buffers, in
-    /// `Plan::tensors` (borrowed from the unchanged registries).
-    tensors: (u32, u32, u32),
-}
-
 pub(crate) struct Plan {
     root: *mut capi::PyObject,
     walk: Walk,
-    visits: Vec<Visit>,
+    /// The modules visited (each once, in the order first visited), with
+    /// what their checks compare.
+    modules: Modules,
+    /// `_apply`: for each visit, where its non-None parameters end and where
+    /// its buffers end in `tensors` (they start where the previous visit's
+    /// end; borrowed from the unchanged registries).
+    splits: Vec<(u32, u32)>,
     tensors: Vec<*mut capi::PyObject>,
     /// The deepest visit's depth below the root.
     max_depth: u32,
     /// `train`: every visited module's `training` (`Py_True` or `Py_False`).
+    mode: *mut capi::PyObject,
+}
+
+/// A plan being recorded.
+struct Recording {
+    walk: Walk,
+    modules: Builder,
+    splits: Vec<(u32, u32)>,
+    tensors: Vec<*mut capi::PyObject>,
+    max_depth: u32,
     mode: *mut capi::PyObject,
 }
 
@@ -75,8 +88,11 @@ impl crate::plans::table::Root for Plan {
 /// plan is dropped).
 fn holding(root: *mut capi::PyObject, walk: Walk) -> Option<(usize, std::sync::Arc<Plan>)> {
     let (i, plan) = TABLE.find(|p| p.root == root && p.walk == walk)?;
+    // Each visited module once, in the order first visited (a module visited
+    // again, shared by two parents, would be checked again with the same
+    // result: nothing runs in between).
     // SAFETY: see the module docs (checked in visit order).
-    if unsafe { room_for(plan.max_depth) && plan.visits.iter().all(|v| v.module.holds()) } {
+    if unsafe { room_for(plan.max_depth) && plan.modules.iter().all(|c| c.holds()) } {
         Some((i, plan))
     } else {
         TABLE.forget(i);
@@ -102,22 +118,27 @@ pub fn replay_train(
     if plan.mode == mode {
         return Some(Ok(()));
     }
-    for v in &plan.visits {
+    // Each visited module once, in the order first visited: a shared
+    // module's later visits would find `mode` already there and change
+    // nothing, as in torch.
+    for c in plan.modules.iter() {
         // The live walk's fast `self.training = mode` (crate::instance::walk_facts): a
         // rebinding of the entry of a quiet dict, which runs no code (and
         // frees nothing: the old value is a bool), so the next visit's
         // borrowed module is still held by its parent's unchanged
-        // `_modules`; a shared module's later visits find `mode` already
-        // there and change nothing, as in torch.
-        if unsafe { capi::PyObject_GenericSetAttr(v.module.module, name.as_ptr(), mode) } < 0 {
+        // `_modules`.
+        if unsafe { capi::PyObject_GenericSetAttr(c.module, name.as_ptr(), mode) } < 0 {
             TABLE.forget(i);
             return Some(Err(PyErr::fetch(py)));
         }
     }
-    // Nothing but those rebindings ran: carry the plan to the new versions.
-    for v in &mut plan.visits {
-        v.module.seen.version = unsafe { dict_version(v.module.seen.dict) };
+    // Nothing but those rebindings ran: carry the plan to the new versions
+    // (its own copy of the snapshot, if other plans share it: theirs were
+    // recorded at the old versions, which their checks now refuse).
+    for c in Modules::make_mut(&mut plan.modules).iter_mut() {
+        c.seen.version = unsafe { dict_version(c.seen.dict) };
     }
+    crate::plans::roots::note_latest(plan.root as usize, &plan.modules);
     plan.mode = mode;
     Some(Ok(()))
 }
@@ -150,16 +171,18 @@ fn all_left_as_is(
     plan: &Plan,
     unchanged: &mut impl FnMut(&Bound<'_, PyAny>, bool) -> PyResult<bool>,
 ) -> bool {
-    for v in &plan.visits {
-        let (a, b, c) = v.tensors;
-        for (k, &t) in plan.tensors[a as usize..c as usize].iter().enumerate() {
+    let mut a = 0usize;
+    for &(b, c) in &plan.splits {
+        let (b, c) = (b as usize, c as usize);
+        for (k, &t) in plan.tensors[a..c].iter().enumerate() {
             // SAFETY: held by the visit's unchanged registry.
             let t = unsafe { Bound::from_borrowed_ptr(py, t) };
-            match unchanged(&t, (a as usize + k) < b as usize) {
+            match unchanged(&t, (a + k) < b) {
                 Ok(true) => {}
                 Ok(false) | Err(_) => return false,
             }
         }
+        a = c;
     }
     true
 }
@@ -172,10 +195,10 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         return;
     }
     let py = root.py();
-    let mut plan = Plan {
-        root: root.as_ptr(),
+    let mut rec = Recording {
         walk,
-        visits: Vec::new(),
+        modules: Builder::new(),
+        splits: Vec::new(),
         tensors: Vec::new(),
         max_depth: 0,
         mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
@@ -183,15 +206,30 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
     let training = pyo3::intern!(py, "training").as_ptr();
     // Nothing the recording allocates may run a finalizer meanwhile.
     let gc = crate::cpython::gc::GcPause::new();
-    let ok = unsafe { visit(g, training, root, 0, &mut plan) };
+    let ok = unsafe { visit(g, training, root, 0, &mut rec) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { capi::PyErr_Clear() };
-    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
+    if !ok || !crate::plans::roots::watch(root) {
         refuse(key);
         return;
     }
-    let r = plan.root;
+    let r = root.as_ptr();
+    let mut plan = Plan {
+        root: r,
+        walk,
+        modules: rec.modules.finish(r as usize),
+        splits: rec.splits,
+        tensors: rec.tensors,
+        max_depth: rec.max_depth,
+        mode: rec.mode,
+    };
+    if !plan.modules.iter().all(|c| unsafe { c.holds() }) {
+        refuse(key);
+        return;
+    }
+    plan.splits.shrink_to_fit();
+    plan.tensors.shrink_to_fit();
     TABLE.store(root, |p| p.root == r && p.walk == walk, plan);
 }
 
@@ -205,7 +243,7 @@ unsafe fn visit(
     training: *mut capi::PyObject,
     module: &Bound<'_, PyAny>,
     depth: u32,
-    plan: &mut Plan,
+    plan: &mut Recording,
 ) -> bool {
     let m = module.as_ptr();
     let tp = capi::Py_TYPE(m);
@@ -248,8 +286,7 @@ unsafe fn visit(
             return false;
         }
     }
-    let start = plan.tensors.len() as u32;
-    let mut mid = start;
+    let mut mid = plan.tensors.len() as u32;
     if plan.walk == Walk::Apply {
         for (i, reg) in [checked.parameters(), checked.buffers()]
             .into_iter()
@@ -267,10 +304,12 @@ unsafe fn visit(
         }
     }
     plan.max_depth = plan.max_depth.max(depth);
-    plan.visits.push(Visit {
-        module: checked,
-        tensors: (start, mid, plan.tensors.len() as u32),
-    });
+    if plan.modules.add(checked).is_none() {
+        return false;
+    }
+    if plan.walk == Walk::Apply {
+        plan.splits.push((mid, plan.tensors.len() as u32));
+    }
     let mods = checked.modules();
     let py = module.py();
     let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());

@@ -7,7 +7,11 @@
 //! member walks, the entries of each node's `_parameters`/`_buffers`. Each
 //! node keeps what the live walk's decisions depended on: the module's class
 //! and its `tp_version_tag`, its instance dict and that dict's version, and the
-//! registry dicts with their versions, sizes and `PyDict_Next` positions.
+//! registry dicts with their versions (in the tree's
+//! [`Modules`](crate::plans::visit::Modules) snapshot, which the node names by
+//! index, shared with the root's other plans recorded from the same state),
+//! and its depth and `PyDict_Next` position. A registry's size is not kept: a
+//! dict at its recorded version has its recorded size.
 //!
 //! A replay trusts a node only after checking, at the moment the live walk
 //! would read them, that those are unchanged (a dict's version changes with any
@@ -25,6 +29,7 @@
 use crate::cpython::capi;
 use crate::cpython::validity::{dict_version, Key};
 use crate::instance::attributes::instance_dict;
+use crate::plans::visit::{Builder, Checked, Modules, NONE};
 use pyo3::prelude::*;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
@@ -71,27 +76,21 @@ pub unsafe fn holds(seen: &Seen, module: *mut capi::PyObject) -> bool {
         && dict_version(seen.dict) == seen.version
 }
 
-/// A registry dict as the walk opened it.
+/// A registry dict as the walk opened it, with its version then.
 #[derive(Clone, Copy)]
 pub struct Reg {
     pub dict: *mut capi::PyObject,
     pub version: u64,
-    pub used: capi::Py_ssize_t,
 }
 
 impl Reg {
     pub const NONE: Reg = Reg {
         dict: std::ptr::null_mut(),
         version: 0,
-        used: 0,
     };
-
-    #[inline(always)]
-    pub unsafe fn unchanged(&self) -> bool {
-        dict_version(self.dict) == self.version
-    }
 }
 
+/// A node as the recording walk notes it.
 pub struct Node {
     pub kind: NodeKind,
     /// Borrowed; null for `Empty`.
@@ -103,11 +102,13 @@ pub struct Node {
     pub seen: Seen,
     /// The frame's prefix (owned; what the live walker put in the frame).
     pub prefix: Option<Py<PyAny>>,
-    /// `_modules` as read when the walk resumed after yielding the node.
-    pub mods: Reg,
+    /// The three registries with their versions (`Checked::regs`), read
+    /// when the walk resumed after yielding the node (and read `_modules`);
+    /// null until then.
+    pub regs: [(*mut capi::PyObject, u64); 3],
     /// The member registry (member walks).
     pub reg: Reg,
-    /// This node's entries in `Plan::items`.
+    /// This node's entries in `Recording::items`.
     pub items: (u32, u32),
 }
 
@@ -118,6 +119,7 @@ pub enum ItemKind {
     Dup,
 }
 
+/// A member entry as the recording walk notes it.
 pub struct Item {
     pub kind: ItemKind,
     /// Borrowed; null for `Empty`.
@@ -137,10 +139,58 @@ pub struct PlanKey {
     pub values: bool,
 }
 
-pub struct Plan {
+/// What a recording walk noted, made into a [`Plan`] when it completes.
+pub struct Recording {
     pub key: PlanKey,
     pub nodes: Vec<Node>,
     pub items: Vec<Item>,
+}
+
+// SAFETY: as for `Plan`.
+unsafe impl Send for Recording {}
+unsafe impl Sync for Recording {}
+
+/// One node of a kept plan.
+#[derive(Clone, Copy)]
+pub struct Step {
+    /// The node's module in `Plan::modules` ([`NONE`] for `Empty`).
+    pub module: u32,
+    /// The walk's stack depth of the node's frame (root 0).
+    pub depth: u32,
+    /// The parent's `PyDict_Next` position after this entry.
+    pub ppos: u32,
+    /// The end of this node's entries in `Plan::items` (they start where the
+    /// previous node's end).
+    pub items_end: u32,
+    pub kind: NodeKind,
+}
+
+/// One member entry of a kept plan.
+#[derive(Clone, Copy)]
+pub struct Member {
+    /// Borrowed; null for `Empty`.
+    pub value: *mut capi::PyObject,
+    /// The registry's `PyDict_Next` position after this entry.
+    pub pos: u32,
+    pub kind: ItemKind,
+}
+
+pub struct Plan {
+    pub key: PlanKey,
+    /// The root's prefix (owned: `key.prefix` is its address).
+    prefix: Py<PyAny>,
+    /// The modules the nodes name, with what their checks compare.
+    modules: Modules,
+    /// `modules`' entries (read on every step of a replay; the snapshot
+    /// never changes while this plan holds it).
+    checked: *const Checked,
+    pub nodes: Vec<Step>,
+    /// Each node's frame prefix (owned); empty when every frame's is the
+    /// root's (`modules()`, `parameters()`: no names are built).
+    names: Vec<Option<Py<PyAny>>>,
+    pub items: Vec<Member>,
+    /// Each item's yielded name (owned); empty when none was built.
+    item_names: Vec<Option<Py<PyAny>>>,
 }
 
 // SAFETY: a plan's raw pointers are only compared or dereferenced with the
@@ -149,25 +199,172 @@ unsafe impl Send for Plan {}
 unsafe impl Sync for Plan {}
 
 impl Plan {
-    /// Is every recorded dict still at its recorded version? Run when the
-    /// recording walk ends: a dict that changed during the walk makes the
-    /// recording unusable. Only dereferences what the recording walk's memo
-    /// keeps alive, or what an unchanged dict holds.
-    unsafe fn still_valid(&self) -> bool {
-        for n in &self.nodes {
-            if n.kind == NodeKind::Empty {
-                continue;
-            }
-            if !holds(&n.seen, n.module) {
-                return false;
-            }
-            for r in [&n.mods, &n.reg] {
-                if !r.dict.is_null() && !r.unchanged() {
-                    return false;
-                }
-            }
+    /// What the checks of node `n` (a node of this plan, not `Empty`)
+    /// compare.
+    #[inline(always)]
+    pub fn checked(&self, n: &Step) -> &Checked {
+        debug_assert!((n.module as usize) < self.modules.len());
+        // SAFETY: every index but `Empty`'s was given by the snapshot's
+        // builder, which holds that many modules (`Recording::compact`).
+        unsafe { &*self.checked.add(n.module as usize) }
+    }
+
+    /// The frame prefix of node `j`.
+    #[inline(always)]
+    pub fn prefix(&self, j: usize) -> Option<&Py<PyAny>> {
+        if self.names.is_empty() {
+            Some(&self.prefix)
+        } else {
+            self.names[j].as_ref()
         }
-        true
+    }
+
+    /// Node `j`'s entries in `items`.
+    #[inline(always)]
+    pub fn items_of(&self, j: usize) -> (u32, u32) {
+        let start = if j == 0 {
+            0
+        } else {
+            self.nodes[j - 1].items_end
+        };
+        (start, self.nodes[j].items_end)
+    }
+
+    /// The name yielded with item `k`, where the walk built one.
+    #[inline(always)]
+    pub fn item_name(&self, k: usize) -> Option<&Py<PyAny>> {
+        self.item_names.get(k).and_then(Option::as_ref)
+    }
+
+    /// The member registry of `c` (a node's module) this plan walks, and its
+    /// index in `Checked::regs`.
+    #[inline(always)]
+    pub fn reg_index(&self) -> usize {
+        if self.key.registry == 2 {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// The member registry this plan walks of node `n`'s module.
+    #[inline(always)]
+    pub fn reg(&self, c: &Checked) -> *mut capi::PyObject {
+        c.regs[self.reg_index()].0
+    }
+
+    /// Is that registry at its recorded version?
+    #[inline(always)]
+    pub unsafe fn reg_unchanged(&self, c: &Checked) -> bool {
+        c.reg_unchanged(self.reg_index())
+    }
+}
+
+/// `_modules` in `Checked::regs`.
+pub const MODS: usize = 2;
+
+/// A node's registries before they are read.
+pub const NO_REGS: [(*mut capi::PyObject, u64); 3] = [(std::ptr::null_mut(), 0); 3];
+
+impl Recording {
+    /// The plan this complete recording describes, when every module it
+    /// noted is still as noted (a dict that changed during the walk makes
+    /// the recording unusable) and can be kept in a snapshot (its three
+    /// registries exact, quiet dicts of its instance dict: see
+    /// `crate::plans::visit::Checked::read`). Only dereferences what the
+    /// recording walk's memo keeps alive, or what an unchanged dict holds;
+    /// runs no Python code.
+    unsafe fn compact(self, py: Python<'_>) -> Option<Plan> {
+        let root_prefix = self.nodes.first()?.prefix.as_ref()?.clone_ref(py);
+        let member = if self.key.registry == 2 { 1 } else { 0 };
+        let mut modules = Builder::new();
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut items_end = 0u32;
+        let mut own_names = false;
+        for n in &self.nodes {
+            let module = match n.kind {
+                NodeKind::Empty => NONE,
+                NodeKind::Dup => {
+                    let i = modules.index_of(n.module)?;
+                    if modules.get(i)?.seen != n.seen {
+                        return None;
+                    }
+                    i
+                }
+                NodeKind::Root | NodeKind::Live => {
+                    let c = Checked {
+                        module: n.module,
+                        seen: n.seen,
+                        regs: n.regs,
+                    };
+                    // Read at the node's resumption; all unchanged since.
+                    if c.regs[MODS].0.is_null()
+                        || !c.holds()
+                        || (self.key.registry != 0
+                            && (n.reg.dict != c.regs[member].0
+                                || n.reg.version != c.regs[member].1))
+                    {
+                        return None;
+                    }
+                    if !n.prefix.as_ref().is_some_and(|p| p.is(&root_prefix)) {
+                        own_names = true;
+                    }
+                    // Each module is taken once (the memo's later takes are
+                    // `Dup`).
+                    modules.add_new(c)?
+                }
+            };
+            if n.items != (0, 0) {
+                if n.items.0 != items_end {
+                    return None;
+                }
+                items_end = n.items.1;
+            }
+            nodes.push(Step {
+                module,
+                depth: n.depth,
+                ppos: u32::try_from(n.ppos).ok()?,
+                items_end,
+                kind: n.kind,
+            });
+        }
+        if items_end as usize != self.items.len() {
+            return None;
+        }
+        let mut items = Vec::with_capacity(self.items.len());
+        for it in &self.items {
+            items.push(Member {
+                value: it.value,
+                pos: u32::try_from(it.pos).ok()?,
+                kind: it.kind,
+            });
+        }
+        // Collected into new vectors of their own size (`into_iter().collect()`
+        // would keep the recording's larger allocations).
+        let mut names = Vec::new();
+        if own_names {
+            names.reserve_exact(self.nodes.len());
+            names.extend(self.nodes.into_iter().map(|n| match n.kind {
+                NodeKind::Root | NodeKind::Live => n.prefix,
+                NodeKind::Empty | NodeKind::Dup => None,
+            }));
+        }
+        let mut item_names = Vec::new();
+        if self.items.iter().any(|it| it.name.is_some()) {
+            item_names.reserve_exact(self.items.len());
+            item_names.extend(self.items.into_iter().map(|it| it.name));
+        }
+        let modules = modules.finish(self.key.root);
+        Some(Plan {
+            key: self.key,
+            prefix: root_prefix,
+            checked: modules.as_ptr(),
+            modules,
+            nodes,
+            names,
+            items,
+            item_names,
+        })
     }
 }
 
@@ -175,14 +372,14 @@ impl Plan {
 /// a plan cannot represent.
 pub struct Recorder {
     pub ok: bool,
-    pub plan: Plan,
+    pub plan: Recording,
 }
 
 impl Recorder {
     pub fn new(key: PlanKey) -> Recorder {
         Recorder {
             ok: true,
-            plan: Plan {
+            plan: Recording {
                 key,
                 nodes: Vec::new(),
                 items: Vec::new(),
@@ -195,12 +392,17 @@ impl Recorder {
         if !self.ok || !crate::cpython::validity::caches_on() {
             return;
         }
-        if unsafe { self.plan.still_valid() } {
-            // SAFETY: the root is alive: the recording walk's memo holds it.
-            let root = unsafe { Bound::from_borrowed_ptr(py, self.plan.key.root as *mut _) };
-            if crate::plans::roots::watch(&root) {
-                store(Arc::new(self.plan));
-            }
+        // SAFETY: the root is alive: the recording walk's memo holds it.
+        let root = unsafe { Bound::from_borrowed_ptr(py, self.plan.key.root as *mut _) };
+        // Watched first: that allocates (and may run another root's callback).
+        if !crate::plans::roots::watch(&root) {
+            return;
+        }
+        let plan = unsafe { self.plan.compact(py) };
+        // SAFETY: clearing what a lookup of the compaction may have raised.
+        unsafe { capi::PyErr_Clear() };
+        if let Some(plan) = plan {
+            store(Arc::new(plan));
         }
     }
 }
@@ -320,18 +522,22 @@ pub fn prefetch<T>(p: *const T) {
 /// How far ahead a scan prefetches (nodes, and members).
 const AHEAD: usize = 4;
 
-/// Start loading what the checks of `node` read: the module's header and
-/// managed-dict slots, its instance dict and its registry dicts. Each is a
-/// chain of dependent loads otherwise, missed one after the other on a tree
-/// larger than the cache.
+/// Start loading what the checks of node `n` read: its entry of the
+/// snapshot, the module's header and managed-dict slots, its instance dict
+/// and its registry dicts. Each is a chain of dependent loads otherwise,
+/// missed one after the other on a tree larger than the cache.
 #[inline(always)]
-fn prefetch_node(node: &Node) {
-    let m = node.module as *const u8;
+fn prefetch_node(plan: &Plan, n: &Step) {
+    let Some(c) = plan.modules.get(n.module as usize) else {
+        return;
+    };
+    prefetch(c);
+    let m = c.module as *const u8;
     prefetch(m);
     prefetch(m.wrapping_sub(32));
-    prefetch(node.seen.dict);
-    prefetch(node.mods.dict);
-    prefetch(node.reg.dict);
+    prefetch(c.seen.dict);
+    prefetch(c.regs[MODS].0);
+    prefetch(plan.reg(c));
 }
 
 /// The members a replay of `plan` (a values-only `_named_members` walk from
@@ -357,16 +563,21 @@ pub unsafe fn scan_members(
         return false;
     }
     let limit = capi::Py_GetRecursionLimit() as i64;
+    let mut start = 0usize;
     for (i, n) in plan.nodes.iter().enumerate() {
         if let Some(ahead) = plan.nodes.get(i + AHEAD) {
-            prefetch_node(ahead);
+            prefetch_node(plan, ahead);
         }
+        let end = n.items_end as usize;
+        let items = start..end;
+        start = end;
         // The replay's checks of an entry taken from a parent's `_modules`.
         if n.kind == NodeKind::Empty {
             continue;
         }
+        let c = plan.checked(n);
         if n.kind != NodeKind::Root
-            && (!holds(&n.seen, n.module) || n.depth as i64 >= limit || !identity_hashed(n.module))
+            && (!c.seen_holds() || n.depth as i64 >= limit || !identity_hashed(c.module))
         {
             return false;
         }
@@ -374,14 +585,10 @@ pub unsafe fn scan_members(
             continue;
         }
         // Its `_modules` and member registry, as the walk resumes at it.
-        if n.mods.dict.is_null()
-            || !n.mods.unchanged()
-            || n.reg.dict.is_null()
-            || !n.reg.unchanged()
-        {
+        if !c.reg_unchanged(MODS) || !plan.reg_unchanged(c) {
             return false;
         }
-        for k in n.items.0 as usize..n.items.1 as usize {
+        for k in items {
             let it = &plan.items[k];
             if let Some(ahead) = plan.items.get(k + AHEAD) {
                 prefetch(ahead.value);
@@ -407,11 +614,11 @@ pub fn root_holds(plan: &Plan, root: *mut capi::PyObject) -> bool {
     let Some(n) = plan.nodes.first() else {
         return false;
     };
+    let c = plan.checked(n);
     unsafe {
-        n.module == root
-            && holds(&n.seen, root)
-            && !n.mods.dict.is_null()
-            && n.mods.unchanged()
-            && (plan.key.registry == 0 || (!n.reg.dict.is_null() && n.reg.unchanged()))
+        c.module == root
+            && holds(&c.seen, root)
+            && c.reg_unchanged(MODS)
+            && (plan.key.registry == 0 || plan.reg_unchanged(c))
     }
 }

@@ -17,6 +17,7 @@
 //! roots or of a table is held across anything that may: a table's own
 //! operations allocate nothing Python, and the roots are borrowed only
 //! between such points.
+use crate::plans::visit::{Checked, Modules};
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
 use std::cell::UnsafeCell;
@@ -32,8 +33,11 @@ pub trait Rooted: Sync {
 
 struct Root {
     addr: usize,
-    /// A weak reference to the root, with [`root_freed`] as its callback.
+    /// A weak reference to the root, with [`plan_root_freed`] as its callback.
     weak: Py<PyWeakrefReference>,
+    /// The root's latest [`Modules`] snapshot, which a plan recorded from the
+    /// same state shares (held by the plans alone).
+    modules: std::sync::Weak<Vec<Checked>>,
 }
 
 struct Roots {
@@ -108,9 +112,14 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
         return true;
     }
     let py = root.py();
-    // Made with nothing borrowed: allocating may run other roots' callbacks.
-    let weak = match callback(py).and_then(|c| PyWeakrefReference::new_with(root, c.bind(py))) {
+    // Made with nothing borrowed, and with the cyclic GC paused: no finalizer
+    // runs (which could change the tree whose plan the caller checks next).
+    let gc = crate::cpython::gc::GcPause::new();
+    let weak = callback(py).and_then(|c| PyWeakrefReference::new_with(root, c.bind(py)));
+    drop(gc);
+    let weak = match weak {
         Ok(w) => w.unbind(),
+        // The error was taken into the `PyErr`, dropped here.
         Err(_) => return false,
     };
     let list = roots();
@@ -118,9 +127,38 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
         drop(weak);
         return true;
     }
-    list.push(Root { addr, weak });
+    list.push(Root {
+        addr,
+        weak,
+        modules: std::sync::Weak::new(),
+    });
     release_unused();
     true
+}
+
+/// `modules` as a snapshot for a plan of `root` (watched): the root's
+/// latest one where it is the same (same modules in the same order, each
+/// with the same class, dicts and versions), else a new one, now the latest.
+pub fn share(root: usize, modules: Vec<Checked>) -> Modules {
+    let Some(r) = roots().iter_mut().find(|r| r.addr == root) else {
+        return Modules::new(modules);
+    };
+    if let Some(latest) = r.modules.upgrade() {
+        if *latest == modules {
+            return latest;
+        }
+    }
+    let new = Modules::new(modules);
+    r.modules = Modules::downgrade(&new);
+    new
+}
+
+/// `modules` (a plan of `root` carried it to new versions) is the root's
+/// latest snapshot.
+pub fn note_latest(root: usize, modules: &Modules) {
+    if let Some(r) = roots().iter_mut().find(|r| r.addr == root) {
+        r.modules = Modules::downgrade(modules);
+    }
 }
 
 /// Stop watching roots no table keeps a plan for (a plan replaced by another

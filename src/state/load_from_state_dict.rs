@@ -135,8 +135,10 @@ pub(super) fn native_load_from_state_dict<'py>(
     }
     // Unexpected keys: those under `prefix` that name neither a child nor an
     // entry of local_state (torch's strict scan).
+    // Made for the lookup and dropped (not remembered: one per module, kept
+    // for no later use).
     let extra = intern!(py, "_extra_state");
-    let extra_state_key = qualified_names::name(Kind::Plain, prefix, extra, || prefix.add(extra))?;
+    let extra_state_key = prefix.add(extra)?;
     let mut unexpected: Vec<Bound<'py, PyAny>> = Vec::new();
     let start = prefix.len()? as isize;
     // Where the prefix, the extra-state key and every child and local_state name

@@ -33,14 +33,20 @@ use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
 use crate::cpython::validity::dict_version;
 use crate::plans::table::{refuse, refused, Table, Walk};
-use crate::plans::visit::{concat, empty_hooks, hooks_empty, visit_children, Checked};
+use crate::plans::visit::{
+    concat, empty_hooks, hooks_empty, remembered, visit_children, Builder, Checked, Kind, Modules,
+};
 use crate::state::load_state_dict::{plain_copy, CopyPair};
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
 use std::cell::Cell;
 
 struct Visit {
-    module: Checked,
+    /// The module in `Plan::modules`.
+    module: u32,
+    /// The end of this visit's entries in `Plan::entries` (they start where
+    /// the previous visit's end).
+    entries_end: u32,
     /// `_load_state_dict_pre_hooks`, `_load_state_dict_post_hooks`.
     hooks: [*mut capi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set).
@@ -50,7 +56,6 @@ struct Visit {
     /// The local metadata the last full check found here (an exact dict or
     /// null: absent) with its version (see `Plan::metadata_seen`).
     local_seen: Cell<(*mut capi::PyObject, u64)>,
-    entries: (u32, u32),
 }
 
 struct Entry {
@@ -61,14 +66,16 @@ struct Entry {
     /// A buffer's name (a key of the unchanged `_buffers`); null for a
     /// parameter.
     buffer: *mut capi::PyObject,
-    /// Was the buffer persistent when recorded?
-    persistent: bool,
 }
 
 pub(crate) struct Plan {
     root: *mut capi::PyObject,
+    /// The modules visited, with what their checks compare.
+    modules: Modules,
     visits: Vec<Visit>,
     entries: Vec<Entry>,
+    /// For each entry: was it (a buffer) persistent when recorded?
+    persistent: Vec<bool>,
     max_depth: u32,
     /// The `_metadata` dict (address, version) whose local metadata the last
     /// check found plain, every local one an exact dict or absent; (0, 0)
@@ -79,6 +86,29 @@ pub(crate) struct Plan {
 }
 
 pub(crate) static TABLE: Table<Plan> = Table::new();
+
+impl Plan {
+    /// Each visit with what its module's checks compare and its entries'
+    /// range in `entries`.
+    fn visited(&self) -> impl Iterator<Item = (&Visit, &Checked, std::ops::Range<usize>)> {
+        let mut start = 0usize;
+        self.visits.iter().map(move |v| {
+            let end = v.entries_end as usize;
+            let range = start..end;
+            start = end;
+            (v, &self.modules[v.module as usize], range)
+        })
+    }
+}
+
+/// A plan being recorded.
+struct Recording {
+    modules: Builder,
+    visits: Vec<Visit>,
+    entries: Vec<Entry>,
+    persistent: Vec<bool>,
+    max_depth: u32,
+}
 
 impl crate::plans::table::Root for Plan {
     fn root(&self) -> usize {
@@ -244,8 +274,8 @@ unsafe fn check<'py>(
     if !room_for(plan.max_depth) {
         return Check::Differs;
     }
-    for v in &plan.visits {
-        if !v.module.holds() || !hooks_empty(g, &v.hooks) {
+    for (v, c, _) in plan.visited() {
+        if !c.holds() || !hooks_empty(g, &v.hooks) {
             return Check::Stale;
         }
     }
@@ -267,20 +297,21 @@ unsafe fn check<'py>(
         }
     }
     let mut expected: capi::Py_ssize_t = 0;
-    for v in &plan.visits {
+    for (v, _, range) in plan.visited() {
         // A lookup in a set holding anything but exact strs may run code
         // (an element's `__eq__`): then torch's code makes it, live.
         if !crate::cpython::quiet::set(v.non_persistent) {
             return Check::Differs;
         }
-        for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
+        for k in range {
+            let e = &plan.entries[k];
             if !e.buffer.is_null() {
                 let non_persistent = match capi::PySet_Contains(v.non_persistent, e.buffer) {
                     0 => false,
                     1 => true,
                     _ => return Check::Error(PyErr::fetch(py)),
                 };
-                if non_persistent == e.persistent {
+                if non_persistent == plan.persistent[k] {
                     // Changed without a version: record afresh.
                     return Check::Stale;
                 }
@@ -295,8 +326,8 @@ unsafe fn check<'py>(
         return Check::Differs;
     }
     let mut pairs = Vec::with_capacity(expected as usize);
-    for e in &plan.entries {
-        if !e.buffer.is_null() && !e.persistent {
+    for (e, &persistent) in plan.entries.iter().zip(&plan.persistent) {
+        if !e.buffer.is_null() && !persistent {
             continue;
         }
         // Str keys only: the lookup compares strings, running no code.
@@ -331,32 +362,47 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     // is kept as it is.
     let r = root.as_ptr();
     if let Some((_, p)) = TABLE.find(|p| p.root == r) {
-        if p.visits
-            .iter()
-            .all(|v| unsafe { v.module.holds() && hooks_empty(g, &v.hooks) })
+        if p.visited()
+            .all(|(v, c, _)| unsafe { c.holds() && hooks_empty(g, &v.hooks) })
         {
             return;
         }
     }
     let py = root.py();
-    let mut plan = Plan {
-        root: r,
+    let mut rec = Recording {
+        modules: Builder::new(),
         visits: Vec::new(),
         entries: Vec::new(),
+        persistent: Vec::new(),
         max_depth: 0,
-        metadata_seen: Cell::new((0, 0)),
     };
     let prefix = pyo3::types::PyString::new(py, "");
     // Nothing the recording allocates may run a finalizer meanwhile.
     let gc = crate::cpython::gc::GcPause::new();
-    let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut plan) };
+    let ok = unsafe { visit(g, orig, root, prefix.as_any(), 0, &mut rec) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { capi::PyErr_Clear() };
-    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
+    if !ok || !crate::plans::roots::watch(root) {
         refuse(key);
         return;
     }
+    let mut plan = Plan {
+        root: r,
+        modules: rec.modules.finish(r as usize),
+        visits: rec.visits,
+        entries: rec.entries,
+        persistent: rec.persistent,
+        max_depth: rec.max_depth,
+        metadata_seen: Cell::new((0, 0)),
+    };
+    if !plan.visited().all(|(_, c, _)| unsafe { c.holds() }) {
+        refuse(key);
+        return;
+    }
+    plan.visits.shrink_to_fit();
+    plan.entries.shrink_to_fit();
+    plan.persistent.shrink_to_fit();
     TABLE.store(root, |p| p.root == r, plan);
 }
 
@@ -381,7 +427,7 @@ unsafe fn visit(
     module: &Bound<'_, PyAny>,
     prefix: &Bound<'_, PyAny>,
     depth: u32,
-    plan: &mut Plan,
+    plan: &mut Recording,
 ) -> bool {
     let py = module.py();
     let m = module.as_ptr();
@@ -425,7 +471,6 @@ unsafe fn visit(
     if capi::PyUnicode_CheckExact(metadata_key.as_ptr()) == 0 {
         return false;
     }
-    let start = plan.entries.len() as u32;
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while capi::PyDict_Next(reg, &mut pos, &mut name, &mut value) != 0 {
@@ -441,7 +486,12 @@ unsafe fn visit(
                 return false;
             }
             let persistent = !is_buffer || capi::PySet_Contains(non_persistent, name) == 0;
-            let Some(key) = concat(prefix, name) else {
+            let Some(key) = remembered(
+                Kind::Plain,
+                prefix,
+                &Bound::from_borrowed_ptr(py, name),
+                || concat(prefix, name),
+            ) else {
                 return false;
             };
             plan.entries.push(Entry {
@@ -452,18 +502,21 @@ unsafe fn visit(
                 } else {
                     std::ptr::null_mut()
                 },
-                persistent,
             });
+            plan.persistent.push(persistent);
         }
     }
     plan.max_depth = plan.max_depth.max(depth);
+    let Some(index) = plan.modules.add(checked) else {
+        return false;
+    };
     plan.visits.push(Visit {
-        module: checked,
+        module: index,
+        entries_end: plan.entries.len() as u32,
         hooks,
         non_persistent,
         metadata_key: metadata_key.unbind(),
         local_seen: Cell::new((std::ptr::null_mut(), 0)),
-        entries: (start, plan.entries.len() as u32),
     });
     visit_children(
         g,

@@ -33,12 +33,19 @@ use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{plain_attr, Plain};
 use crate::instance::dispatch::{is_native, original, Method};
 use crate::plans::table::{refuse, refused, Table, Walk};
-use crate::plans::visit::{concat, dict_entry, empty_hooks, hooks_empty, visit_children, Checked};
+use crate::plans::visit::{
+    concat, dict_entry, empty_hooks, hooks_empty, remembered, visit_children, Builder, Checked,
+    Kind, Modules,
+};
 use crate::torch_api::originals::Globals;
 use pyo3::prelude::*;
 
 struct Visit {
-    module: Checked,
+    /// The module in `Plan::modules`.
+    module: u32,
+    /// The end of this visit's entries in `Plan::entries` (they start where
+    /// the previous visit's end).
+    entries_end: u32,
     /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
     hooks: [*mut capi::PyObject; 2],
     /// `_non_persistent_buffers_set` (an exact set); null without buffers.
@@ -47,8 +54,6 @@ struct Visit {
     version: *mut capi::PyObject,
     /// `prefix[:-1]`, the `_metadata` key.
     metadata_key: Py<PyAny>,
-    /// This visit's entries in `Plan::entries`.
-    entries: (u32, u32),
 }
 
 struct Entry {
@@ -64,6 +69,29 @@ struct Entry {
 pub(crate) struct Plan {
     root: *mut capi::PyObject,
     prefix: Py<PyAny>,
+    /// The modules visited, with what their checks compare.
+    modules: Modules,
+    visits: Vec<Visit>,
+    entries: Vec<Entry>,
+    max_depth: u32,
+}
+
+impl Plan {
+    /// Each visit with what its module's checks compare and its entries.
+    fn visited(&self) -> impl Iterator<Item = (&Visit, &Checked, &[Entry])> {
+        let mut start = 0usize;
+        self.visits.iter().map(move |v| {
+            let end = v.entries_end as usize;
+            let entries = &self.entries[start..end];
+            start = end;
+            (v, &self.modules[v.module as usize], entries)
+        })
+    }
+}
+
+/// A plan being recorded.
+struct Recording {
+    modules: Builder,
     visits: Vec<Visit>,
     entries: Vec<Entry>,
     max_depth: u32,
@@ -120,11 +148,11 @@ pub fn replay<'py>(
     // SAFETY: see the module docs (checked in visit order).
     let ok = unsafe {
         room_for(plan.max_depth)
-            && plan.visits.iter().all(|v| {
-                v.module.holds()
+            && plan.visited().all(|(v, c, entries)| {
+                c.holds()
                     && hooks_empty(g, &v.hooks)
                     && (keep
-                        || plan.entries[v.entries.0 as usize..v.entries.1 as usize]
+                        || entries
                             .iter()
                             .all(|e| plain_detach(g, e.tensor, detach.as_ptr())))
             })
@@ -189,11 +217,11 @@ unsafe fn build<'py>(
     destination.setattr(pyo3::intern!(py, "_metadata"), &metadata)?;
     let version_name = pyo3::intern!(py, "version");
     let detach = pyo3::intern!(py, "detach");
-    for v in &plan.visits {
+    for (v, _, entries) in plan.visited() {
         let local = pyo3::types::PyDict::new(py);
         local.set_item(version_name, Bound::from_borrowed_ptr(py, v.version))?;
         metadata.set_item(v.metadata_key.bind(py), local)?;
-        for e in &plan.entries[v.entries.0 as usize..v.entries.1 as usize] {
+        for e in entries {
             if !e.buffer.is_null() {
                 // Checked at each lookup: `detach` may have let another
                 // thread run since the last.
@@ -224,24 +252,37 @@ pub fn record(g: &Globals, root: &Bound<'_, PyAny>, prefix: &Bound<'_, PyAny>) {
     {
         return;
     }
-    let mut plan = Plan {
-        root: root.as_ptr(),
-        prefix: prefix.clone().unbind(),
+    let mut rec = Recording {
+        modules: Builder::new(),
         visits: Vec::new(),
         entries: Vec::new(),
         max_depth: 0,
     };
     // Nothing the recording allocates may run a finalizer meanwhile.
     let gc = crate::cpython::gc::GcPause::new();
-    let ok = unsafe { visit(g, root, prefix, 0, &mut plan) };
+    let ok = unsafe { visit(g, root, prefix, 0, &mut rec) };
     drop(gc);
     // SAFETY: clearing what a lookup of the recording may have raised.
     unsafe { capi::PyErr_Clear() };
-    if !ok || !plan.visits.iter().all(|v| unsafe { v.module.holds() }) {
+    if !ok || !crate::plans::roots::watch(root) {
         refuse(key);
         return;
     }
-    let r = plan.root;
+    let r = root.as_ptr();
+    let mut plan = Plan {
+        root: r,
+        prefix: prefix.clone().unbind(),
+        modules: rec.modules.finish(r as usize),
+        visits: rec.visits,
+        entries: rec.entries,
+        max_depth: rec.max_depth,
+    };
+    if !plan.visited().all(|(_, c, _)| unsafe { c.holds() }) {
+        refuse(key);
+        return;
+    }
+    plan.visits.shrink_to_fit();
+    plan.entries.shrink_to_fit();
     TABLE.store(root, |p| p.root == r && same_str(prefix, &p.prefix), plan);
 }
 
@@ -254,7 +295,7 @@ unsafe fn visit(
     module: &Bound<'_, PyAny>,
     prefix: &Bound<'_, PyAny>,
     depth: u32,
-    plan: &mut Plan,
+    plan: &mut Recording,
 ) -> bool {
     let py = module.py();
     let m = module.as_ptr();
@@ -287,13 +328,14 @@ unsafe fn visit(
         _ => return false,
     };
     // torch's `prefix[:-1]`.
-    let Some(metadata_key) = crate::state::load_state_dict::but_last(prefix)
-        .ok()
-        .filter(|k| capi::PyUnicode_CheckExact(k.as_ptr()) != 0)
-    else {
+    let Some(metadata_key) = remembered(Kind::ButLast, prefix, prefix, || {
+        crate::state::load_state_dict::but_last(prefix)
+            .map_err(|e| e.restore(py))
+            .ok()
+    })
+    .filter(|k| capi::PyUnicode_CheckExact(k.as_ptr()) != 0) else {
         return false;
     };
-    let start = plan.entries.len() as u32;
     let mut non_persistent: *mut capi::PyObject = std::ptr::null_mut();
     for (reg, is_buffer) in [(checked.parameters(), false), (checked.buffers(), true)] {
         let (mut pos, mut name, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
@@ -310,7 +352,12 @@ unsafe fn visit(
                     return false;
                 }
             }
-            let Some(key) = concat(prefix, name) else {
+            let Some(key) = remembered(
+                Kind::Plain,
+                prefix,
+                &Bound::from_borrowed_ptr(py, name),
+                || concat(prefix, name),
+            ) else {
                 return false;
             };
             plan.entries.push(Entry {
@@ -325,13 +372,16 @@ unsafe fn visit(
         }
     }
     plan.max_depth = plan.max_depth.max(depth);
+    let Some(index) = plan.modules.add(checked) else {
+        return false;
+    };
     plan.visits.push(Visit {
-        module: checked,
+        module: index,
+        entries_end: plan.entries.len() as u32,
         hooks,
         non_persistent,
         version,
         metadata_key: metadata_key.unbind(),
-        entries: (start, plan.entries.len() as u32),
     });
     visit_children(
         g,

@@ -33,10 +33,16 @@ type Current = (Py<PyAny>, Option<Py<PyAny>>, Items, u32);
 struct MemberCursor {
     node: u32,
     dict: Py<PyAny>,
+    /// The dict's recorded version (the node's, kept here for the checks
+    /// before each entry).
+    version: u64,
     pos: capi::Py_ssize_t,
+    /// The dict's size when opened.
+    used: capi::Py_ssize_t,
     left: capi::Py_ssize_t,
-    /// The next entry in `Plan::items`.
+    /// The next entry in `Plan::items`, and the end of the node's.
     k: u32,
+    end: u32,
 }
 
 pub(super) struct MemberReplay {
@@ -151,12 +157,11 @@ impl NamedMembers {
         let r = *r;
         module_walks::forget(&r.plan);
         if let Some(c) = r.cur {
-            let n = &r.plan.nodes[c.node as usize];
-            if let Some(prefix) = &n.prefix {
+            if let Some(prefix) = r.plan.prefix(c.node as usize) {
                 self.current = Some((
                     prefix.clone_ref(py),
                     None,
-                    Items::resume(c.dict, c.pos, n.reg.used, c.left),
+                    Items::resume(c.dict, c.pos, c.used, c.left),
                     NO_NODE,
                 ));
             }
@@ -184,22 +189,23 @@ impl NamedMembers {
             // drops this replay's reference, comes last).
             let plan: &Plan = unsafe { &*Arc::as_ptr(&r.plan) };
             if let Some(c) = r.cur.as_mut() {
-                let n = &plan.nodes[c.node as usize];
                 let mut out = None;
                 let mut hand_over = false;
                 let mut exhausted = false;
                 unsafe {
-                    if !n.reg.unchanged() {
+                    if crate::cpython::validity::dict_version(c.dict.as_ptr()) != c.version {
                         hand_over = true;
-                    } else if c.k < n.items.1 {
-                        let it = &plan.items[c.k as usize];
+                    } else if c.k < c.end {
+                        let k = c.k as usize;
+                        let it = &plan.items[k];
+                        let name = plan.item_name(k);
                         if it.kind != ItemKind::Empty
                             && (!identity_hashed(it.value)
-                                || (it.kind == ItemKind::Live && !self.values && it.name.is_none()))
+                                || (it.kind == ItemKind::Live && !self.values && name.is_none()))
                         {
                             hand_over = true;
                         } else {
-                            c.pos = it.pos;
+                            c.pos = it.pos as capi::Py_ssize_t;
                             c.left -= 1;
                             c.k += 1;
                             if it.kind == ItemKind::Live {
@@ -207,7 +213,7 @@ impl NamedMembers {
                                 if self.rd {
                                     r.held.push(v.clone().unbind());
                                 }
-                                out = Some(match (&it.name, self.values) {
+                                out = Some(match (name, self.values) {
                                     (Some(name), false) => two(py, name.bind(py).clone(), v)?,
                                     _ => v,
                                 });
@@ -243,24 +249,28 @@ impl NamedMembers {
             };
             if let Some((p, j)) = node {
                 if std::ptr::eq(p, Arc::as_ptr(&r.plan)) {
-                    let n = &r.plan.nodes[j as usize];
+                    let plan = &r.plan;
+                    let c = plan.checked(&plan.nodes[j as usize]);
                     unsafe {
-                        if !n.reg.dict.is_null()
-                            && module_walks::holds(&n.seen, n.module)
-                            && n.reg.unchanged()
-                        {
-                            if n.reg.used == 0 {
+                        if c.seen_holds() && plan.reg_unchanged(c) {
+                            // At its recorded version: its recorded size.
+                            let reg = plan.reg(c);
+                            let used = crate::cpython::dicts::used(reg);
+                            if used == 0 {
                                 // Opened and found empty within this step.
                                 continue;
                             }
-                            let dict = Bound::from_borrowed_ptr(py, n.reg.dict).unbind();
-                            let (used, k) = (n.reg.used, n.items.0);
+                            let dict = Bound::from_borrowed_ptr(py, reg).unbind();
+                            let (k, end) = plan.items_of(j as usize);
                             r.cur = Some(MemberCursor {
                                 node: j,
                                 dict,
+                                version: c.regs[plan.reg_index()].1,
                                 pos: 0,
+                                used,
                                 left: used,
                                 k,
+                                end,
                             });
                             continue;
                         }
@@ -290,7 +300,7 @@ impl NamedMembers {
             match it.dict_state() {
                 // As for `_modules` (NamedModules' `State::Resume`): only
                 // from the node's own unchanged instance dict.
-                Some((d, _, used))
+                Some((d, _, _))
                     if unsafe {
                         module_walks::holds(&rec.plan.nodes[j as usize].seen, module.as_ptr())
                     } =>
@@ -300,7 +310,6 @@ impl NamedMembers {
                     n.reg = Reg {
                         dict: d,
                         version: unsafe { crate::cpython::validity::dict_version(d) },
-                        used,
                     };
                     n.items = (start, start);
                     node = j;

@@ -7,7 +7,8 @@ use super::yielded::{dotted_join, pair};
 use crate::cpython::capi;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::instance::registries::{identity_hashed, join, Items, Memo};
-use crate::plans::module_walks::{self, Node, NodeKind, Plan, Recorder, Reg};
+use crate::plans::module_walks::{self, Node, NodeKind, Plan, Recorder, Reg, MODS, NO_REGS};
+use crate::plans::visit::Checked;
 use crate::torch_api::originals::require;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -68,8 +69,15 @@ fn exact_prefixes(py: Python<'_>, stack: &mut [Frame]) -> PyResult<()> {
 /// A frame a replay has open: its node and `_modules`' iteration.
 struct Shadow {
     node: u32,
+    /// The node's depth.
+    depth: u32,
     dict: Py<PyAny>,
+    /// The dict's recorded version (the node's, kept here for the checks
+    /// before each entry).
+    version: u64,
     pos: capi::Py_ssize_t,
+    /// The dict's size when opened.
+    used: capi::Py_ssize_t,
     left: capi::Py_ssize_t,
 }
 
@@ -191,7 +199,7 @@ impl NamedModules {
                     ppos: 0,
                     seen,
                     prefix: Some(prefix.clone().unbind()),
-                    mods: Reg::NONE,
+                    regs: NO_REGS,
                     reg: Reg::NONE,
                     items: (0, 0),
                 });
@@ -245,14 +253,13 @@ impl NamedModules {
             loop {
                 match r.phase {
                     Phase::Start => {
-                        let root = &plan.nodes[0];
                         let m = r.root.bind(py).clone();
                         if !identity_hashed(m.as_ptr()) {
                             break;
                         }
                         r.held.push(m.clone().unbind());
                         r.phase = Phase::After(0);
-                        let prefix = match &root.prefix {
+                        let prefix = match plan.prefix(0) {
                             Some(p) => p.bind(py).clone(),
                             None => break,
                         };
@@ -260,23 +267,27 @@ impl NamedModules {
                     }
                     Phase::After(j) => {
                         let n = &plan.nodes[j as usize];
-                        if n.mods.dict.is_null()
-                            || !module_walks::holds(&n.seen, n.module)
-                            || !n.mods.unchanged()
-                        {
+                        let c = plan.checked(n);
+                        if !c.seen_holds() || !c.reg_unchanged(MODS) {
                             break;
                         }
                         r.phase = Phase::Items;
-                        if n.mods.used == 0 {
+                        // At its recorded version: its recorded size.
+                        let mods = c.regs[MODS].0;
+                        let used = crate::cpython::dicts::used(mods);
+                        if used == 0 {
                             // The live walker would open it and close it in
                             // this same step: nothing to keep open.
                             continue;
                         }
                         r.shadow.push(Shadow {
                             node: j,
-                            dict: Bound::from_borrowed_ptr(py, n.mods.dict).unbind(),
+                            depth: n.depth,
+                            dict: Bound::from_borrowed_ptr(py, mods).unbind(),
+                            version: c.regs[MODS].1,
                             pos: 0,
-                            left: n.mods.used,
+                            used,
+                            left: used,
                         });
                     }
                     Phase::Items => {
@@ -285,35 +296,36 @@ impl NamedModules {
                             self.replay = None;
                             return Replayed::Done;
                         };
-                        let tn = &plan.nodes[top.node as usize];
-                        if !tn.mods.unchanged() {
+                        if crate::cpython::validity::dict_version(top.dict.as_ptr()) != top.version
+                        {
                             break;
                         }
                         let i = r.next;
                         match plan.nodes.get(i) {
-                            Some(n) if n.depth == tn.depth + 1 => {
+                            Some(n) if n.depth == top.depth + 1 => {
                                 if n.kind == NodeKind::Empty {
-                                    top.pos = n.ppos;
+                                    top.pos = n.ppos as capi::Py_ssize_t;
                                     top.left -= 1;
                                     r.next += 1;
                                     continue;
                                 }
-                                if !module_walks::holds(&n.seen, n.module)
+                                let c = plan.checked(n);
+                                if !c.seen_holds()
                                     || depth as i64 >= capi::Py_GetRecursionLimit() as i64
-                                    || !identity_hashed(n.module)
+                                    || !identity_hashed(c.module)
                                 {
                                     break;
                                 }
-                                top.pos = n.ppos;
+                                top.pos = n.ppos as capi::Py_ssize_t;
                                 top.left -= 1;
                                 r.next += 1;
                                 if n.kind == NodeKind::Dup {
                                     continue;
                                 }
-                                let m = Bound::from_borrowed_ptr(py, n.module);
+                                let m = Bound::from_borrowed_ptr(py, c.module);
                                 r.held.push(m.clone().unbind());
                                 r.phase = Phase::After(i as u32);
-                                let prefix = match &n.prefix {
+                                let prefix = match plan.prefix(i) {
                                     Some(p) => p.bind(py).clone(),
                                     None => break,
                                 };
@@ -339,14 +351,17 @@ impl NamedModules {
         module_walks::forget(&plan);
         let mut stack = Vec::with_capacity(r.shadow.len() + 1);
         for s in r.shadow {
-            let n = &plan.nodes[s.node as usize];
-            let Some(prefix) = &n.prefix else { continue };
+            let j = s.node as usize;
+            let Some(prefix) = plan.prefix(j) else {
+                continue;
+            };
+            let module = plan.checked(&plan.nodes[j]).module;
             stack.push(Frame {
-                module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
+                module: unsafe { Bound::from_borrowed_ptr(py, module) }.unbind(),
                 prefix: prefix.clone_ref(py),
                 name: None,
                 dotted: None,
-                state: State::Items(Items::resume(s.dict, s.pos, n.mods.used, s.left)),
+                state: State::Items(Items::resume(s.dict, s.pos, s.used, s.left)),
                 node: NO_NODE,
             });
         }
@@ -356,10 +371,10 @@ impl NamedModules {
             Phase::Items => None,
         };
         if let Some((j, state)) = top {
-            let n = &plan.nodes[j as usize];
-            if let Some(prefix) = &n.prefix {
+            let module = plan.checked(&plan.nodes[j as usize]).module;
+            if let Some(prefix) = plan.prefix(j as usize) {
                 stack.push(Frame {
-                    module: unsafe { Bound::from_borrowed_ptr(py, n.module) }.unbind(),
+                    module: unsafe { Bound::from_borrowed_ptr(py, module) }.unbind(),
                     prefix: prefix.clone_ref(py),
                     name: None,
                     dotted: None,
@@ -421,23 +436,25 @@ impl NamedModules {
                     let items = Items::of(&module, intern!(py, "_modules"))?;
                     if let Some(rec) = self.rec.as_mut() {
                         match (items.dict_state(), top.node) {
-                            (Some((d, _, used)), node) if node != NO_NODE => {
+                            (Some((d, _, _)), node) if node != NO_NODE => {
                                 let n = &mut rec.plan.nodes[node as usize];
                                 // Code ran while the module was yielded: the
                                 // registry is kept only if it came from the
                                 // instance dict the node recorded, unchanged
                                 // (which then holds it while a replay finds
                                 // that dict unchanged).
-                                if unsafe { module_walks::holds(&n.seen, module.as_ptr()) } {
-                                    n.mods = Reg {
-                                        dict: d,
-                                        version: unsafe {
-                                            crate::cpython::validity::dict_version(d)
-                                        },
-                                        used,
-                                    };
-                                } else {
-                                    rec.ok = false;
+                                // A plan keeps all three registries (what
+                                // every plan of the tree checks), read now.
+                                let checked = unsafe {
+                                    if module_walks::holds(&n.seen, module.as_ptr()) {
+                                        Checked::read_seen(g, module.as_ptr(), n.seen)
+                                    } else {
+                                        None
+                                    }
+                                };
+                                match checked {
+                                    Some(c) if c.regs[MODS].0 == d => n.regs = c.regs,
+                                    _ => rec.ok = false,
                                 }
                             }
                             _ => rec.ok = false,
@@ -460,7 +477,7 @@ impl NamedModules {
                                 ppos,
                                 seen: crate::cpython::validity::Key::EMPTY,
                                 prefix: None,
-                                mods: Reg::NONE,
+                                regs: NO_REGS,
                                 reg: Reg::NONE,
                                 items: (0, 0),
                             });
@@ -516,7 +533,7 @@ impl NamedModules {
                                     ppos,
                                     seen,
                                     prefix: Some(sub.clone().unbind()),
-                                    mods: Reg::NONE,
+                                    regs: NO_REGS,
                                     reg: Reg::NONE,
                                     items: (0, 0),
                                 });
