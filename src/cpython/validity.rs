@@ -193,7 +193,22 @@ mod dicts {
         }
 
         fn grow(&mut self) {
-            let size = (self.entries.len() * 2).max(1024);
+            self.resize((self.entries.len() * 2).max(MIN_ENTRIES));
+        }
+
+        /// After the dicts of a large tree died: back to the size the live
+        /// dicts need (at most a quarter full), so that the table holds what
+        /// the largest tree alive needs, not the largest tree ever seen. A
+        /// table at least eight times too large is resized; the hysteresis
+        /// keeps a tree that is made and freed repeatedly from resizing on
+        /// every round.
+        fn shrink_if_sparse(&mut self) {
+            if self.entries.len() > MIN_ENTRIES && self.len * 8 < self.entries.len() {
+                self.resize((self.len * 4).next_power_of_two().max(MIN_ENTRIES));
+            }
+        }
+
+        fn resize(&mut self, size: usize) {
             let old = std::mem::replace(&mut self.entries, vec![(0, 0); size]);
             self.len = 0;
             for (k, v) in old {
@@ -230,8 +245,12 @@ mod dicts {
                 }
             }
             self.entries[hole] = (0, 0);
+            self.shrink_if_sparse();
         }
     }
+
+    /// The smallest table (16 KiB), never shrunk below.
+    const MIN_ENTRIES: usize = 1024;
 
     /// What CPython calls before it changes or frees a watched dict.
     unsafe extern "C" fn on_event(
