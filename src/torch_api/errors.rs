@@ -62,6 +62,61 @@ pub unsafe fn typename(g: &Globals, obj: *mut capi::PyObject) -> *mut capi::PyOb
     capi::PyObject_CallOneArg(g.typename, obj)
 }
 
+/// Messages of recent misses, by the identity of the two exact `str`s they
+/// are made of (the class's `__name__` and the attribute's name): the same
+/// two strings always make the same message, and the entry holds all three,
+/// so an identity compare stays meaningful. A code object's constant name and
+/// a class's `__name__` are the same objects on every miss, so code that asks
+/// `getattr(model, "flag", None)` again and again (Hugging Face's `to`,
+/// `train`) gets its message without formatting it anew. Direct-mapped; only
+/// touched with the GIL held (the slot and the native `__getattr__` body).
+struct Misses(std::cell::UnsafeCell<[[*mut capi::PyObject; 3]; MISS_SLOTS]>);
+const MISS_SLOTS: usize = 16;
+// SAFETY: read and written only with the GIL held.
+unsafe impl Sync for Misses {}
+static MISSES: Misses = Misses(std::cell::UnsafeCell::new(
+    [[std::ptr::null_mut(); 3]; MISS_SLOTS],
+));
+
+/// `f"'{tname}' object has no attribute '{name}'"` for two exact strs (an
+/// f-string field of an exact str is the str itself), as a new reference.
+unsafe fn miss_message(
+    g: &Globals,
+    tname: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> *mut capi::PyObject {
+    let slot = ((tname as usize >> 4) ^ (name as usize >> 4).rotate_left(3)) % MISS_SLOTS;
+    // SAFETY: the GIL is held (see `Misses`); nothing below runs Python code
+    // while the reference is alive (formatting exact strs, freeing strs).
+    let entry = &mut (*MISSES.0.get())[slot];
+    if entry[0] == tname && entry[1] == name {
+        capi::Py_INCREF(entry[2]);
+        return entry[2];
+    }
+    let msg = join(
+        g,
+        &[
+            Part::Lit(c"'"),
+            Part::Obj(tname),
+            Part::Lit(c"' object has no attribute '"),
+            Part::Obj(name),
+            Part::Lit(c"'"),
+        ],
+    );
+    if msg.is_null() {
+        return msg;
+    }
+    let old = *entry;
+    capi::Py_INCREF(tname);
+    capi::Py_INCREF(name);
+    capi::Py_INCREF(msg);
+    *entry = [tname, name, msg];
+    for o in old {
+        capi::Py_XDECREF(o);
+    }
+    msg
+}
+
 /// nn.Module.__getattr__'s final
 /// `AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")`.
 pub unsafe fn no_attribute(
@@ -76,18 +131,34 @@ pub unsafe fn no_attribute(
     if tname.is_null() {
         return tname;
     }
-    raise(
-        g,
-        capi::PyExc_AttributeError,
-        &[
-            Part::Lit(c"'"),
-            Part::Obj(tname),
-            Part::Lit(c"' object has no attribute '"),
-            Part::Obj(name),
-            Part::Lit(c"'"),
-        ],
-    );
+    if capi::PyUnicode_CheckExact(tname) == 0 || capi::PyUnicode_CheckExact(name) == 0 {
+        // A str subclass formats through its own `__format__`: as torch's
+        // f-string does, every time.
+        raise(
+            g,
+            capi::PyExc_AttributeError,
+            &[
+                Part::Lit(c"'"),
+                Part::Obj(tname),
+                Part::Lit(c"' object has no attribute '"),
+                Part::Obj(name),
+                Part::Lit(c"'"),
+            ],
+        );
+        capi::Py_DECREF(tname);
+        return std::ptr::null_mut();
+    }
+    let msg = miss_message(g, tname, name);
     capi::Py_DECREF(tname);
+    if !msg.is_null() {
+        // `raise AttributeError(msg)`: CPython makes the same instance from
+        // the message when the exception is looked at (at once where one is
+        // being handled, for its context), as for `PyErr_SetString`; a
+        // `getattr(obj, name, default)` that only clears it never makes it
+        // on 3.11.
+        capi::PyErr_SetObject(capi::PyExc_AttributeError, msg);
+        capi::Py_DECREF(msg);
+    }
     std::ptr::null_mut()
 }
 
