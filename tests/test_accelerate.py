@@ -7,7 +7,7 @@ what it accelerated; an autouse fixture fails any test that leaves a class
 accelerated, so later stock oracles never silently run accelerated code.
 
 torch's whole-tree methods reach the native bodies through a statement put in
-front of torch's code (``fastmodule.inline_routes``) and, on CPython 3.11 for
+front of torch's code (``fastmodule._verified.inline_routes``) and, on CPython 3.11 for
 calls made from C, through their vectorcall entry point. Scenarios call them
 both directly and through :func:`via_c` (a ``functools.partial`` call, made
 from C).
@@ -1116,7 +1116,7 @@ def test_install_then_restore_model_then_uninstall() -> None:
 def torch_frames(calls: Callable[[], Any]) -> set[str]:
     """Names of the functions of torch's ``module.py`` that ``calls()`` enters
     (fastmodule's own frames, which carry torch's file and names, left out)."""
-    from fastmodule import _dispatch
+    from fastmodule._methods import dispatch as _dispatch
 
     torch_file = sys.modules["torch.nn.modules.module"].__file__
     ours = {f.__code__ for f in _dispatch.BODIES.values()}
@@ -1192,7 +1192,8 @@ def test_native_route_is_taken_from_python(accel: Accel[Any]) -> None:
 def test_routed_torch_functions_look_unchanged() -> None:
     """What Python code can ask torch's routed functions (source, signature, file,
     lines, names, generator-ness) is what it was before fastmodule was imported."""
-    from fastmodule import _dispatch, inline_routes
+    from fastmodule._methods import dispatch as _dispatch
+    from fastmodule._verified import inline_routes
 
     for name in _dispatch.BODIES:
         func = nn.Module.__dict__[name]
@@ -1219,7 +1220,9 @@ def test_routed_torch_functions_look_unchanged() -> None:
 def test_prefix_only_where_torch_source_matches_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """A routed function whose source on disk no longer compiles to its running code
     (an edited file, say) keeps torch's code; the others are still prefixed."""
-    from fastmodule import _dispatch, inline_routes, walks
+    from fastmodule._methods import dispatch as _dispatch
+    from fastmodule._methods import walks
+    from fastmodule._verified import inline_routes
 
     module = sys.modules["torch.nn.modules.module"]
     funcs = {
@@ -1248,7 +1251,7 @@ def test_prefix_only_where_torch_source_matches_its_code(monkeypatch: pytest.Mon
 def test_prefix_flag_follows_acceleration() -> None:
     """While no class is accelerated in place, torch's prefixed functions pay one
     global read (the flag); it turns on and off with acceleration."""
-    from fastmodule import inline_routes
+    from fastmodule._verified import inline_routes
 
     if not inline_routes.NEEDED:
         pytest.skip("torch's code is not prefixed on this interpreter")
@@ -1311,7 +1314,7 @@ def test_compiled_walks_recompile_at_most_once_when_acceleration_starts(
     compiled once more, and only the first time the flag changes."""
     import torch._dynamo.testing
 
-    from fastmodule import inline_routes
+    from fastmodule._verified import inline_routes
 
     torch.manual_seed(0)
     model = UsesWalks()

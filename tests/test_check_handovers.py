@@ -120,7 +120,7 @@ SCENARIOS: dict[str, tuple[Callable[[], Iterator[Probe]], str | None]] = {
     "plain": (_plain, None),
     # Registration and whole-tree methods stay torch's for it; the call is native.
     "bases after nn.Module": (lambda: _one(WithMixin()), None),
-    # Forward hooks are dispatched natively (fastmodule.hook_dispatch).
+    # Forward hooks are dispatched natively (fastmodule._verified.hook_dispatch).
     "forward hook": (_forward_hook, None),
     "pre-hook": (_pre_hook, None),
     "global hook": (_global_hook, None),

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 import fastmodule
-from fastmodule import _core, native_paths, verification
+from fastmodule import _core, native_paths
 from fastmodule.__main__ import DOCTOR_PATH_OFF
+from fastmodule._verified import verification
 
 
 def run_script(script: str) -> dict[str, Any]:

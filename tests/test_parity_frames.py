@@ -3,7 +3,7 @@
 A native module call has no ``_wrapped_call_impl``/``_call_impl`` frames. torch's
 softmax family (``dim=None``) and ``InstanceNorm`` warn with a ``stacklevel`` that
 reaches past ``forward``; such calls run torch's ``_wrapped_call_impl``
-(``fastmodule.frame_counting``), so the warning's file, line, module registry and
+(``fastmodule._verified.frame_counting``), so the warning's file, line, module registry and
 "once per location" behaviour are stock's: compared here, stock against fast, by
 every way a module gets called."""
 
@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 import fastmodule
-from fastmodule import _core, frame_counting
+from fastmodule import _core
+from fastmodule._verified import frame_counting
 
 Make = Callable[[], nn.Module]
 
@@ -150,7 +151,7 @@ def test_dim_read_on_every_call() -> None:
         return out, [(str(w.message), w.filename, w.lineno) for w in seen]
 
     assert go(True) == go(False)
-    if fastmodule.layers.LAYERS is None:
+    if fastmodule._verified.layers.LAYERS is None:
         m = nn.Softmax(dim=1)
         with fastmodule.accelerated(m):
             assert _core.call_handover(m) is None

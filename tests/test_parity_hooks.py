@@ -1,4 +1,4 @@
-"""Forward hooks dispatched natively (``fastmodule.hook_dispatch``): every behaviour of
+"""Forward hooks dispatched natively (``fastmodule._verified.hook_dispatch``): every behaviour of
 torch's ``_call_impl`` with forward pre-hooks and forward hooks, module and global, on
 stock and on fastmodule, compared. Random hook programs (hypothesis) plus the cases a
 program does not reach: replaced arguments of odd types, ``torch.compiler`` state, the
@@ -30,8 +30,8 @@ from tests import fuzz_world as fw
 from tests.conftest import BASES
 
 pytestmark = pytest.mark.skipif(
-    fastmodule.hook_dispatch.HOOKS is not None,
-    reason=f"native hook dispatch off: {fastmodule.hook_dispatch.HOOKS}",
+    fastmodule._verified.hook_dispatch.HOOKS is not None,
+    reason=f"native hook dispatch off: {fastmodule._verified.hook_dispatch.HOOKS}",
 )
 
 

@@ -21,7 +21,7 @@ from torch.testing._internal.common_modules import module_db
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
-from fastmodule import layers
+from fastmodule._verified import layers
 from tests.conftest import outcome
 
 pytestmark = pytest.mark.skipif(layers.LAYERS is not None, reason="layer forwards not native here")

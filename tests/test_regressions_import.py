@@ -286,7 +286,7 @@ def test_24_25_compile_counts_equal_stock() -> None:
 def test_24_25_method_frames_are_torchs() -> None:
     """Each of ``fastmodule.Module``'s methods, and each native body, has its own code
     object attributed to torch's method (file, ``def`` line, name)."""
-    from fastmodule import _dispatch
+    from fastmodule._methods import dispatch as _dispatch
 
     torch_file = sys.modules["torch.nn.modules.module"].__file__
     codes = []

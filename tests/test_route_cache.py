@@ -1,5 +1,5 @@
 """The prefixed code of torch's whole-tree methods is kept on disk between imports
-(``fastmodule.inline_routes``): a later import reuses exactly what compiling and
+(``fastmodule._verified.inline_routes``): a later import reuses exactly what compiling and
 checking made, and anything that does not match is compiled and checked again."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from fastmodule import _dispatch, inline_routes
+from fastmodule._methods import dispatch as _dispatch
+from fastmodule._verified import inline_routes
 
 pytestmark = pytest.mark.skipif(
     not inline_routes.prefixed(), reason="torch's methods are not prefixed here"
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = """
 import marshal, sys, torch
 import fastmodule
-from fastmodule import inline_routes
+from fastmodule._verified import inline_routes
 codes = {n: torch.nn.Module.__dict__[n].__code__ for n in inline_routes.prefixed()}
 sys.stdout.buffer.write(marshal.dumps(codes))
 """

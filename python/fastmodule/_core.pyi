@@ -125,7 +125,7 @@ def load_replay(
     keys (True: done, copy failures appended to ``errors``); False: nothing done."""
 
 def init_hooks(config: dict[str, object]) -> None:
-    """Switch the native dispatch of forward hooks on (``fastmodule.hook_dispatch``)."""
+    """Switch the native dispatch of forward hooks on (``fastmodule._verified.hook_dispatch``)."""
 
 def init_layers(config: dict[str, object]) -> None:
     """Capture torch's layer functions the call path may run natively."""
@@ -134,7 +134,7 @@ def init_runtime(config: dict[str, object]) -> None:
     """Capture torch's grad-mode, mode and ``torch.__future__`` accessors."""
 
 def init_frame_counting(classify: Callable[[CodeType], int]) -> None:
-    """Register ``fastmodule.frame_counting.classify`` with the call path."""
+    """Register ``fastmodule._verified.frame_counting.classify`` with the call path."""
 
 def init_containers(config: dict[str, object]) -> None:
     """Serve torch's ModuleList/Sequential/ModuleDict protocol methods natively."""

@@ -14,7 +14,7 @@ class in the process; since behaviour is stock either way, that is only a
 matter of speed. ``restore`` undoes it for the classes of a tree.
 
 torch's whole-tree methods reach the native bodies through a statement put
-in front of their code (``fastmodule.inline_routes``). The classes are held
+in front of their code (``fastmodule._verified.inline_routes``). The classes are held
 weakly: a class made at run time (``torch.fx``, parametrization) still dies
 when nothing else holds it.
 

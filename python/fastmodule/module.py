@@ -6,20 +6,14 @@ from typing import Any
 
 import torch
 
-from fastmodule import (
-    _core,
-    _dispatch,
-    conversion,
-    inline_routes,
-    loading,
-    paths,
-    saving,
-    verification,
-    walks,
-)
-from fastmodule import frame_counting as _frame_counting  # noqa: F401 - registers it
-from fastmodule import hook_dispatch as _hook_dispatch  # noqa: F401 - switches it on
-from fastmodule import layers as _layers  # noqa: F401 - registers torch layers natively
+from fastmodule import _core
+from fastmodule._methods import conversion, loading, saving, walks
+from fastmodule._methods import dispatch as _dispatch
+from fastmodule._methods import dotted_paths as paths
+from fastmodule._verified import frame_counting as _frame_counting  # noqa: F401 - registers it
+from fastmodule._verified import hook_dispatch as _hook_dispatch  # noqa: F401 - switches it on
+from fastmodule._verified import inline_routes, verification
+from fastmodule._verified import layers as _layers  # noqa: F401 - registers torch layers natively
 
 __all__ = ["Module", "slots_of"]
 
@@ -85,7 +79,7 @@ def _inherit_stock_methods() -> None:
 
 _inherit_stock_methods()
 
-#: Whether any native path is on in this process (see fastmodule.verification).
+#: Whether any native path is on in this process (see fastmodule._verified.verification).
 NATIVE = verification.native_problem() is None
 
 

@@ -17,7 +17,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-from fastmodule import _core, verification
+from fastmodule import _core
+from fastmodule._verified import verification
 
 __all__ = ["ENV_VAR", "disabled", "is_disabled", "switch_state"]
 

@@ -277,7 +277,7 @@ def _unusual_dict(cls: type[nn.Module]) -> nn.Module:
 
 def _build_handover_frame_counting(device: torch.device) -> dict[str, Variant]:
     """torch's ``InstanceNorm1d``, whose ``forward`` warns with a stack level:
-    fastmodule keeps torch's call frames for it (``fastmodule.frame_counting``)."""
+    fastmodule keeps torch's call frames for it (``fastmodule._verified.frame_counting``)."""
     stock, fast = nn.InstanceNorm1d(4), nn.InstanceNorm1d(4)
     x = torch.randn(1, 4, 2)
     context = _accelerated_context(fast)

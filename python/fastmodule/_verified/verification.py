@@ -3,7 +3,7 @@
 Each native path reproduces torch's Python code for it step by step, so it is
 right only for the code it was written and tested against. At import every
 torch function a path reproduces is compared with the ones fastmodule verified
-(``fastmodule.verified_torch``): a source file known whole by its hash, or else
+(``fastmodule._verified.verified_torch``): a source file known whole by its hash, or else
 the function's own source, compared as syntax (comments, docstrings,
 annotations and line numbers left out, so an unrelated edit elsewhere in
 torch's file changes nothing). The function must also be the one that file
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 
 import torch
 
-from fastmodule.verified_torch import FILES, FUNCTIONS
+from fastmodule._verified.verified_torch import FILES, FUNCTIONS
 
 __all__ = [
     "CONTAINER_METHODS",
@@ -125,13 +125,13 @@ METHOD_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 #: The functions ``_call_impl`` calls on its way to the hooks, which the native
-#: hook dispatch reproduces besides the call path's (``fastmodule.hook_dispatch``).
+#: hook dispatch reproduces besides the call path's (``fastmodule._verified.hook_dispatch``).
 HOOK_FUNCTIONS: tuple[str, ...] = (
     "torch.compiler:is_compiling",
     "torch._jit_internal:is_scripting",
 )
 
-#: torch's layer code the call path runs without frames (``fastmodule.layers``).
+#: torch's layer code the call path runs without frames (``fastmodule._verified.layers``).
 LAYER_FUNCTIONS: tuple[str, ...] = (
     "torch.nn.modules.linear:Linear.forward",
     "torch.nn.modules.activation:ReLU.forward",
@@ -153,7 +153,7 @@ _DROPOUT_CLASSES = {
 _BATCH_NORM = (_M + "batchnorm:_BatchNorm.forward", _FN + "batch_norm", _FN + "_verify_batch_size")
 
 #: The further layer kinds the call path runs without frames
-#: (``fastmodule._layer_specs``), each with the torch functions it reproduces.
+#: (``fastmodule._verified.layer_specs``), each with the torch functions it reproduces.
 LAYER_FAMILIES: dict[str, tuple[str, ...]] = {
     "identity": (_M + "linear:Identity.forward",),
     "flatten": (_M + "flatten:Flatten.forward",),
@@ -185,7 +185,7 @@ LAYER_FAMILIES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: Container protocol methods served natively (``fastmodule.layers``).
+#: Container protocol methods served natively (``fastmodule._verified.layers``).
 CONTAINER_METHODS: tuple[str, ...] = tuple(
     f"torch.nn.modules.container:{cls}.{name}"
     for cls, names in (
@@ -231,10 +231,10 @@ def native_problem() -> str | None:
     """Why no native path is switched on in this process, or None: the
     interpreter is not one fastmodule verified, or the trace/profile fields of
     its thread state (which the native paths read to step aside for debuggers
-    and profilers, ``fastmodule.tracer_probe``) were not found."""
+    and profilers, ``fastmodule._verified.tracer_probe``) were not found."""
     problem = interpreter_problem()
     if problem is None:
-        from fastmodule import tracer_probe
+        from fastmodule._verified import tracer_probe
 
         if not tracer_probe.probe():
             problem = "this CPython's trace/profile fields were not found"

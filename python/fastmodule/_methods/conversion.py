@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, runtime, verification  # noqa: F401 - runtime: initialised first
-from fastmodule._dispatch import torch_code, torch_method
+from fastmodule import _core
+from fastmodule._methods import runtime  # noqa: F401 - runtime: initialised first
+from fastmodule._methods.dispatch import torch_code, torch_method
+from fastmodule._verified import verification
 
 # The name torch's module globals give the walk too: the body runs with them
-# (see fastmodule._dispatch).
+# (see fastmodule._methods.dispatch).
 _fastmodule_walk = _core.walk
 
 __all__ = ["KNOWN", "apply_fn"]

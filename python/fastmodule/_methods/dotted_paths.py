@@ -3,7 +3,7 @@
 
 Each native body follows torch's code step by step (the same attribute reads,
 ``isinstance`` checks and messages), and defers to torch as every other
-``fastmodule.Module`` method does (see :mod:`fastmodule._dispatch`).
+``fastmodule.Module`` method does (see :mod:`fastmodule._methods.dispatch`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import torch_method
+from fastmodule._methods.dispatch import torch_method
 
 # The name torch's module globals give the walk too: the bodies run with them
-# (see fastmodule._dispatch).
+# (see fastmodule._methods.dispatch).
 _fastmodule_walk = _core.walk
 
 __all__ = ["get_buffer", "get_parameter", "get_submodule", "set_submodule"]

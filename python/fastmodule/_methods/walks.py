@@ -15,7 +15,7 @@ Each native body is a function with torch's signature and qualified name, so
 argument errors read exactly as torch's, and iterators stay lazy generators.
 The bodies read only ``_fastmodule_walk`` (``_core.walk``, also a global of
 torch's module), builtins and closure variables, so they run with torch's
-module globals (see :mod:`fastmodule._dispatch`).
+module globals (see :mod:`fastmodule._methods.dispatch`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import caller_stacklevel, torch_constant, torch_method
+from fastmodule._methods.dispatch import caller_stacklevel, torch_constant, torch_method
 
 # The name torch's module globals give the walk too (see the module documentation).
 _fastmodule_walk = _core.walk

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._dispatch import caller_stacklevel, torch_constant, torch_method
+from fastmodule._methods.dispatch import caller_stacklevel, torch_constant, torch_method
 
 __all__ = ["state_dict"]
 

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fastmodule import _core, runtime  # noqa: F401 - runtime: initialised first
-from fastmodule._dispatch import torch_constant, torch_method
-from fastmodule.inline_routes import original_code
+from fastmodule import _core
+from fastmodule._methods import runtime  # noqa: F401 - runtime: initialised first
+from fastmodule._methods.dispatch import torch_constant, torch_method
+from fastmodule._verified.inline_routes import original_code
 
 __all__ = ["load_state_dict"]
 

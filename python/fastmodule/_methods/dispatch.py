@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, verification
-from fastmodule.inline_routes import ROUTE, original_code
+from fastmodule import _core
+from fastmodule._verified import verification
+from fastmodule._verified.inline_routes import ROUTE, original_code
 
 __all__ = [
     "BODIES",
@@ -278,7 +279,7 @@ def torch_method(
     """``torch.nn.Module.<name>`` served by ``body`` while torch's is unpatched.
 
     ``usable=False`` (the installed torch lacks a text ``body`` needs), an
-    interpreter or a torch function that ``fastmodule.verification`` could not
+    interpreter or a torch function that ``fastmodule._verified.verification`` could not
     verify put ``name`` in :data:`STOCK`: ``fastmodule.Module`` then inherits
     torch's own method, and torch's is not routed. ``walked``: ``body`` is
     exactly ``return _fastmodule_walk(name, self, <its parameters>)`` (see

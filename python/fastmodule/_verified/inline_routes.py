@@ -67,7 +67,8 @@ from typing import Any
 
 import torch
 
-from fastmodule import _core, verification
+from fastmodule import _core
+from fastmodule._verified import verification
 
 __all__ = ["NEEDED", "ROUTE", "install", "original_code", "prefixed"]
 

@@ -6,7 +6,7 @@ ones, ``register_module_forward_hook`` & co.) and no backward hook runs torch's
 That core reproduces ``_call_impl`` and the two functions it calls on the way
 (``torch.compiler.is_compiling`` and ``torch.jit.is_scripting``), so it is
 switched on only when all of them are the verified versions
-(``fastmodule.verification``); otherwise a hooked call runs torch's code as on
+(``fastmodule._verified.verification``); otherwise a hooked call runs torch's code as on
 stock, and ``fastmodule.diagnostics()`` says why.
 """
 
@@ -24,7 +24,8 @@ import torch.compiler
 import torch.jit
 import torch.nn.modules.module as module_py
 
-from fastmodule import _core, verification
+from fastmodule import _core
+from fastmodule._verified import verification
 
 __all__ = ["HOOKS", "star_call", "unpack_pair"]
 

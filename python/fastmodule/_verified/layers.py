@@ -19,7 +19,8 @@ import torch.nn.functional as F
 import torch.nn.modules.activation as activation
 import torch.nn.modules.linear as linear
 
-from fastmodule import _core, verification
+from fastmodule import _core
+from fastmodule._verified import verification
 
 __all__ = ["CONTAINERS", "LAYERS", "LAYER_KINDS"]
 
@@ -67,7 +68,7 @@ def _spec_problem(kind: str) -> str | None:
 
 
 def _specs() -> dict[str, Any]:
-    from fastmodule import _layer_specs
+    from fastmodule._verified import layer_specs as _layer_specs
 
     out: dict[str, Any] = {}
     for kind, build in _layer_specs.SPECS.items():
@@ -77,7 +78,7 @@ def _specs() -> dict[str, Any]:
 
 
 if LAYERS is None:
-    from fastmodule import _layer_specs
+    from fastmodule._verified import layer_specs as _layer_specs
 
     _family_checks = _layer_specs.CHECKS
     #: The layer kinds served natively beyond Sequential/Linear/ReLU.
@@ -129,7 +130,7 @@ _CONTAINER_METHODS = {
 
 def _containers() -> dict[str, Any]:
     """The container methods whose installed body is the one-liner reproduced
-    (and verified: ``fastmodule.verification``)."""
+    (and verified: ``fastmodule._verified.verification``)."""
     out = {}
     if verification.native_problem() is not None:
         return out
