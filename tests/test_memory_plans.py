@@ -14,8 +14,8 @@ tree is gone, memory is back where it was before the tree was built.
 from __future__ import annotations
 
 import json
-import platform
 import os
+import platform
 import subprocess
 import sys
 from typing import Any
