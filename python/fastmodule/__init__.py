@@ -33,7 +33,6 @@ import importlib as _importlib
 import warnings as _warnings
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from fastmodule._verified.verification import UnverifiedWarning
 from fastmodule.acceleration import (
     accelerate,
     accelerated,
@@ -46,6 +45,7 @@ from fastmodule.acceleration import (
 from fastmodule.module import Module, slots_of
 from fastmodule.native_paths import PathStatus, diagnostics, unverified_message
 from fastmodule.switch import disabled
+from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
     "Module",

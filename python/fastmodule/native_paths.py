@@ -19,8 +19,8 @@ from fastmodule import _core
 from fastmodule._methods import conversion
 from fastmodule._methods import dispatch as _dispatch
 from fastmodule._verified import hook_dispatch, inline_routes, layers, verification
-from fastmodule._verified.verification import UnverifiedWarning
 from fastmodule.module import NATIVE
+from fastmodule.verification import UnverifiedWarning
 
 __all__ = ["PathStatus", "UnverifiedWarning", "diagnostics", "format_table", "unverified_message"]
 

@@ -15,7 +15,7 @@ and accelerated classes run torch's own code for it, exactly as stock.
 Likewise on an interpreter fastmodule was not verified on (other than CPython
 3.11-3.13 with the GIL) no native path is switched on at all.
 ``fastmodule.diagnostics()`` lists what is on and why anything is off;
-``import fastmodule`` warns once (:class:`UnverifiedWarning`) naming what it
+``import fastmodule`` warns once (``fastmodule.UnverifiedWarning``) naming what it
 could not verify.
 """
 
@@ -45,7 +45,6 @@ __all__ = [
     "LAYER_FUNCTIONS",
     "METHOD_PATHS",
     "SUPPORTED_PYTHON",
-    "UnverifiedWarning",
     "all_functions",
     "display",
     "fingerprint",
@@ -59,11 +58,6 @@ __all__ = [
 
 #: CPython versions whose internals the native core was verified against.
 SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
-
-
-class UnverifiedWarning(RuntimeWarning):
-    """``import fastmodule`` met something it has not verified; those paths run
-    torch's own code (see ``fastmodule.diagnostics()``)."""
 
 
 _MODULE = "torch.nn.modules.module:Module."
