@@ -33,6 +33,7 @@ import importlib as _importlib
 import warnings as _warnings
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from fastmodule import _startup
 from fastmodule.acceleration import (
     accelerate,
     accelerated,
@@ -71,6 +72,10 @@ __all__ = [
     "uninstall",
 ]
 __version__ = "0.1.0"
+
+# What import installs (the native core's configuration, torch's routed methods, the
+# switch), in order: fastmodule._startup.
+_startup.start()
 
 # Once per process (module code runs once), attributed to the importing line.
 _unverified = unverified_message()

@@ -10,10 +10,7 @@ from fastmodule import _core
 from fastmodule._methods import conversion, loading, saving, walks
 from fastmodule._methods import dispatch as _dispatch
 from fastmodule._methods import dotted_paths as paths
-from fastmodule._verified import frame_counting as _frame_counting  # noqa: F401 - registers it
-from fastmodule._verified import hook_dispatch as _hook_dispatch  # noqa: F401 - switches it on
-from fastmodule._verified import inline_routes, verification
-from fastmodule._verified import layers as _layers  # noqa: F401 - registers torch layers natively
+from fastmodule._verified import verification
 
 __all__ = ["Module", "slots_of"]
 
@@ -88,26 +85,3 @@ def slots_of(cls: type) -> tuple[bool, bool, bool]:
     if not NATIVE:
         return (False, False, False)
     return _core.installed(cls)
-
-
-if NATIVE:
-    # (verification.native_problem() located the thread state's trace/profile
-    # fields: module calls step aside while a tracer or profiler is set.)
-    _core.init(
-        Module,
-        [p for p, fns in verification.CORE_PATHS.items() if verification.path_problem(fns)],
-    )
-    # libtorch's own jit-tracing check, found from torch's extension.
-    _core.resolve_tracing_probe(getattr(torch._C, "__file__", None))
-    # torch's own whole-tree methods run the same bodies for fast instances
-    # (accelerated classes included), wherever they are called from.
-    _core.route_torch_methods(
-        _dispatch.BODIES, {name: _dispatch.torch_code(name) for name in _dispatch.BODIES}
-    )
-    # Called from Python (CPython 3.11 skips the vectorcall; from 3.12 on it is not
-    # routed at all, see inline_routes): a statement in front of torch's code.
-    inline_routes.install(_dispatch.BODIES, _dispatch.WALKED)
-    # Their code as routed, and that of torch's functions the whole-tree bodies
-    # call or reproduce at every module: once one is replaced (hot reload, a test
-    # double), torch's code runs those calls.
-    _core.seal_torch_methods(sorted(set(_dispatch.BODIES) | set(_dispatch.REPRODUCED)))

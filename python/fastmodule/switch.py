@@ -79,4 +79,6 @@ def switch_state() -> str:
     return f"on (fastmodule.disabled() or {ENV_VAR}=1 turn every native path off)"
 
 
-_apply()
+def install() -> None:
+    """Apply ``FASTMODULE_DISABLE`` from the environment (at start-up)."""
+    _apply()

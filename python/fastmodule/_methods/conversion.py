@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from fastmodule import _core
-from fastmodule._methods import runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._methods.dispatch import torch_code, torch_method
 from fastmodule._verified import verification
 
@@ -119,14 +118,17 @@ def _tensor_methods() -> list[tuple[str, Any]]:
 #: torch's conversion closures the native ``_apply`` recognises: (code, kind, detail).
 KNOWN = _known()
 
-_core.init_apply(
-    {
-        "compatible": torch._has_compatible_shallow_copy_type,
-        "resume": resume,
-        "known": KNOWN,
-        "tensor_methods": _tensor_methods(),
-    }
-)
+
+def install() -> None:
+    """Hand the core what the native ``_apply`` needs (at start-up)."""
+    _core.init_apply(
+        {
+            "compatible": torch._has_compatible_shallow_copy_type,
+            "resume": resume,
+            "known": KNOWN,
+            "tensor_methods": _tensor_methods(),
+        }
+    )
 
 
 def _apply_fn(

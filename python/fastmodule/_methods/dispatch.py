@@ -78,10 +78,18 @@ REPRODUCED: tuple[str, ...] = (
 WALKED: set[str] = set()
 
 # torch's module namespace. ``_fastmodule_walk`` is there for the bodies (and
-# torch's prefixed code) to call.
+# torch's prefixed code) to call, given at start-up (:func:`install`).
 _TORCH_GLOBALS = sys.modules[torch.nn.Module.__module__].__dict__
-if verification.native_problem() is None:  # else torch's module stays untouched
-    _TORCH_GLOBALS["_fastmodule_walk"] = _core.walk
+_GIVEN: dict[str, Any] = (
+    {"_fastmodule_walk": _core.walk}
+    if verification.native_problem() is None
+    else {}  # torch's module stays untouched
+)
+
+
+def install() -> None:
+    """Give torch's module namespace ``_fastmodule_walk`` (at start-up)."""
+    _TORCH_GLOBALS.update(_GIVEN)
 
 
 def torch_code(name: str) -> Callable[..., Any]:
@@ -174,8 +182,8 @@ _COPIES: dict[int, dict[str, Any]] = {}
 
 def _same_in_torch(func: types.FunctionType) -> bool:
     """Is every global ``func`` (or a function nested in it) reads the same object
-    in torch's module globals?"""
-    mine, torch_ns = func.__globals__, _TORCH_GLOBALS
+    in torch's module globals (as start-up leaves them: the bodies run after it)?"""
+    mine, torch_ns = func.__globals__, _TORCH_GLOBALS | _GIVEN
     missing = object()
     codes = [func.__code__]
     while codes:

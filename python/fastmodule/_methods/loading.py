@@ -26,7 +26,6 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
 from fastmodule import _core
-from fastmodule._methods import runtime  # noqa: F401 - runtime: initialised first
 from fastmodule._methods.dispatch import torch_constant, torch_method
 from fastmodule._verified.inline_routes import original_code
 
@@ -92,15 +91,17 @@ def _torch_load_call() -> Callable[..., None]:
     return types.FunctionType(code, vars(torch.nn.modules.module), "load")
 
 
-_core.init_load(
-    {
-        "load_from_state_dict": torch.nn.Module.__dict__["_load_from_state_dict"],
-        "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
-        "incompatible_keys": _IncompatibleKeys,
-        "copy_error": copy_error,
-        "load_call": _torch_load_call(),
-    }
-)
+def install() -> None:
+    """Hand the core what the native load walk needs (at start-up)."""
+    _core.init_load(
+        {
+            "load_from_state_dict": torch.nn.Module.__dict__["_load_from_state_dict"],
+            "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
+            "incompatible_keys": _IncompatibleKeys,
+            "copy_error": copy_error,
+            "load_call": _torch_load_call(),
+        }
+    )
 
 
 def _load_state_dict(

@@ -80,4 +80,6 @@ def classify(code: types.CodeType) -> int:
     return ALWAYS
 
 
-_core.init_frame_counting(classify)
+def install() -> None:
+    """Register :func:`classify` with the call path (at start-up)."""
+    _core.init_frame_counting(classify)

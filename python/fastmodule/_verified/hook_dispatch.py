@@ -83,26 +83,29 @@ def _hooks_problem() -> str | None:
 #: call path; see ``fastmodule.diagnostics()``).
 HOOKS = _hooks_problem()
 
-if HOOKS is None:
-    _core.init_hooks(
-        {
-            "module_globals": module_py.__dict__,
-            "torch": torch,
-            "torch_dict": torch.__dict__,
-            "compiler": torch.compiler,
-            "compiler_dict": torch.compiler.__dict__,
-            "jit": torch.jit,
-            "jit_dict": torch.jit.__dict__,
-            "is_compiling": torch.compiler.is_compiling,
-            "is_scripting": jit_internal.is_scripting,
-            "is_compiling_known": _is_compiling_known(),
-            "star_call": star_call,
-            "unpack_pair": unpack_pair,
-            "warn_filename": torch.nn.Module._wrapped_call_impl.__code__.co_filename,
-            "warn_lineno": _call_line(),
-            # CPython's own warn: a warnings.warn patched before this import is
-            # still called as torch calls it.
-            "warnings_warn": getattr(sys.modules.get("_warnings"), "warn", warnings.warn),
-            "odict": OrderedDict,
-        }
-    )
+
+def install() -> None:
+    """Switch the native hook dispatch on where it was verified (at start-up)."""
+    if HOOKS is None:
+        _core.init_hooks(
+            {
+                "module_globals": module_py.__dict__,
+                "torch": torch,
+                "torch_dict": torch.__dict__,
+                "compiler": torch.compiler,
+                "compiler_dict": torch.compiler.__dict__,
+                "jit": torch.jit,
+                "jit_dict": torch.jit.__dict__,
+                "is_compiling": torch.compiler.is_compiling,
+                "is_scripting": jit_internal.is_scripting,
+                "is_compiling_known": _is_compiling_known(),
+                "star_call": star_call,
+                "unpack_pair": unpack_pair,
+                "warn_filename": torch.nn.Module._wrapped_call_impl.__code__.co_filename,
+                "warn_lineno": _call_line(),
+                # CPython's own warn: a warnings.warn patched before this import is
+                # still called as torch calls it.
+                "warnings_warn": getattr(sys.modules.get("_warnings"), "warn", warnings.warn),
+                "odict": OrderedDict,
+            }
+        )

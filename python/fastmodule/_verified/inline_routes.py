@@ -108,18 +108,24 @@ def _route(self: Any) -> bool:
 
 
 def _make_route() -> Callable[[Any], bool]:
-    """``_fastmodule_route``: called eagerly, is ``self`` a fast instance (no PEP
-    523 frame evaluator installed, ``torch.compiler.is_compiling()`` false)?
-    Traced, :func:`_route`."""
-    namespace = sys.modules[torch.nn.Module.__module__].__dict__
+    """``_fastmodule_route``: called eagerly (once :func:`install_route_check` made
+    it the native check), is ``self`` a fast instance (no PEP 523 frame evaluator
+    installed, ``torch.compiler.is_compiling()`` false)? Traced, :func:`_route`."""
     check = types.FunctionType(_route.__code__, _route.__globals__, _ROUTE)
-    _core.install_route_check(check, namespace, _FLAG)
     return functools.partial(check)
 
 
 #: The route check (see :func:`_make_route`); fastmodule's own methods ask it too.
 #: Where no native path is on, :func:`_route` itself (torch's module untouched).
 ROUTE = _make_route() if verification.native_problem() is None else _route
+
+
+def install_route_check() -> None:
+    """Make :data:`ROUTE` the native check and keep torch's module's
+    ``_fastmodule_accelerated`` flag (at start-up, where a native path is on)."""
+    if isinstance(ROUTE, functools.partial):
+        namespace = sys.modules[torch.nn.Module.__module__].__dict__
+        _core.install_route_check(ROUTE.func, namespace, _FLAG)
 
 
 def _code_of(module_code: types.CodeType, qualname: str, line: int) -> types.CodeType | None:

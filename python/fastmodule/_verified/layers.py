@@ -85,31 +85,6 @@ if LAYERS is None:
     LAYER_KINDS: tuple[str, ...] = ()
     _served = _specs()
     LAYER_KINDS = tuple(sorted(_served))
-    _core.init_layers(
-        {
-            "sequential_forward": torch.nn.Sequential.forward,
-            "sequential_iter": torch.nn.Sequential.__dict__["__iter__"],
-            "linear_forward": torch.nn.Linear.forward,
-            "relu_forward": torch.nn.ReLU.forward,
-            "functional": F,
-            "functional_dict": F.__dict__,
-            "linear_globals": linear.__dict__,
-            "activation_globals": activation.__dict__,
-            "f_linear": F.linear,
-            "f_relu": F.relu,
-            "f_relu_globals": F.relu.__globals__,
-            "torch": torch,
-            "torch_dict": torch.__dict__,
-            "torch_relu": torch.relu,
-            "torch_relu_": torch.relu_,
-            "has_torch_function_unary": F.relu.__globals__["has_torch_function_unary"],
-            "has_torch_function_variadic": F.__dict__["has_torch_function_variadic"],
-            "tensor_type": torch.Tensor,
-            "parameter_type": torch.nn.Parameter,
-            "absent": _layer_specs.ABSENT,
-            "layers": _served,
-        }
-    )
 else:
     LAYER_KINDS = ()
 
@@ -144,4 +119,34 @@ def _containers() -> dict[str, Any]:
 
 #: The container methods served natively, by qualified name.
 CONTAINERS = _containers()
-_core.init_containers(CONTAINERS)
+
+
+def install() -> None:
+    """Hand the core the verified layer forwards and container methods (at start-up)."""
+    if LAYERS is None:
+        _core.init_layers(
+            {
+                "sequential_forward": torch.nn.Sequential.forward,
+                "sequential_iter": torch.nn.Sequential.__dict__["__iter__"],
+                "linear_forward": torch.nn.Linear.forward,
+                "relu_forward": torch.nn.ReLU.forward,
+                "functional": F,
+                "functional_dict": F.__dict__,
+                "linear_globals": linear.__dict__,
+                "activation_globals": activation.__dict__,
+                "f_linear": F.linear,
+                "f_relu": F.relu,
+                "f_relu_globals": F.relu.__globals__,
+                "torch": torch,
+                "torch_dict": torch.__dict__,
+                "torch_relu": torch.relu,
+                "torch_relu_": torch.relu_,
+                "has_torch_function_unary": F.relu.__globals__["has_torch_function_unary"],
+                "has_torch_function_variadic": F.__dict__["has_torch_function_variadic"],
+                "tensor_type": torch.Tensor,
+                "parameter_type": torch.nn.Parameter,
+                "absent": _layer_specs.ABSENT,
+                "layers": _served,
+            }
+        )
+    _core.init_containers(CONTAINERS)
