@@ -125,6 +125,7 @@ lint: setup
 	cargo clippy --release --all-targets -- -D warnings
 	$(VPY) -m ruff check python tests benches scripts
 	$(VPY) -m ruff format --check python tests benches scripts
+	$(VPY) scripts/py_graph.py
 
 # The crate against pyo3's definitions for CPython 3.14 (.ci/pyo3-py314.cfg: a
 # shared, non-free-threaded 3.14; no interpreter needed), in a target folder of

@@ -241,7 +241,7 @@ def report(rows: list[PathStatus] | None = None) -> dict[str, Any]:
     """The rows with the versions they describe, as JSON-ready data."""
     import platform
 
-    from fastmodule import __version__
+    from fastmodule import __version__  # upward: the version is defined once, in __init__
 
     rows = diagnostics() if rows is None else rows
     return {

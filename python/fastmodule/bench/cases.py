@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import fastmodule
+from fastmodule.acceleration import accelerated
+from fastmodule.module import Module
+from fastmodule.tools.strict import strict
 
 __all__ = [
     "CASES",
@@ -99,7 +101,7 @@ def _pair(
     ``per_side`` maps class attributes to a ``(stock_value, fast_value)`` pair.
     """
     classes = []
-    for i, (prefix, base) in enumerate((("Stock", nn.Module), ("Fast", fastmodule.Module))):
+    for i, (prefix, base) in enumerate((("Stock", nn.Module), ("Fast", Module))):
         ns = {"__module__": __name__, **body, **{k: v[i] for k, v in per_side.items()}}
         classes.append(type(f"{prefix}{name}", (base,), ns))
     return classes[0], classes[1]
@@ -376,7 +378,7 @@ def _accelerated_tree_builder(
 
         @contextlib.contextmanager
         def fast() -> Any:
-            with fastmodule.accelerated(tree):
+            with accelerated(tree):
                 yield
 
         return _three(
@@ -462,7 +464,7 @@ def _setattr_builder(
 
 def _build_setattr_strict_off(device: torch.device) -> dict[str, Variant]:
     # Strict registration on and off again: torch's own __setattr__ is back in place.
-    with fastmodule.strict():
+    with strict():
         pass
     return _setattr_builder("m.count = v", "obj.count = v", lambda: 1)(device)
 
@@ -470,8 +472,8 @@ def _build_setattr_strict_off(device: torch.device) -> dict[str, Variant]:
 def _build_setattr_strict_on(device: torch.device) -> dict[str, Variant]:
     v = 1
     return _three(
-        Variant("m.count = v", {"m": StockIdentity(), "v": v}, fastmodule.strict),
-        Variant("m.count = v", {"m": FastIdentity(), "v": v}, fastmodule.strict),
+        Variant("m.count = v", {"m": StockIdentity(), "v": v}, strict),
+        Variant("m.count = v", {"m": FastIdentity(), "v": v}, strict),
         Variant("obj.count = v", {"obj": Plain(), "v": v}),
     )
 
@@ -517,7 +519,7 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
     x = torch.randn(1, 32, device=device)
     with torch.inference_mode():
         ref = stock(x)
-        with fastmodule.accelerated(fast):
+        with accelerated(fast):
             out = fast(x)
         if not (torch.equal(ref, out) and torch.allclose(ref, mlp_lower(x, params))):
             raise RuntimeError("mlp64_accelerated: stock, fast and lower bound disagree")
@@ -526,7 +528,7 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
     @contextlib.contextmanager
     def fast_context() -> Any:
         # Acceleration is per class: on for the fast column only.
-        with torch.inference_mode(), fastmodule.accelerated(fast):
+        with torch.inference_mode(), accelerated(fast):
             yield
 
     variants = _three(
@@ -557,14 +559,14 @@ def _accelerated_variants(
     params = extract(stock)
     with torch.inference_mode():
         ref = stock(x)
-        with fastmodule.accelerated(fast):
+        with accelerated(fast):
             out = fast(x)
         if not (torch.equal(ref, out) and torch.allclose(ref, lower(x, params))):
             raise RuntimeError(f"{name}: stock, fast and lower bound disagree")
 
     @contextlib.contextmanager
     def fast_context() -> Any:
-        with torch.inference_mode(), fastmodule.accelerated(fast):
+        with torch.inference_mode(), accelerated(fast):
             yield
 
     return _three(

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_py
 
-import fastmodule
+from fastmodule.acceleration import accelerated
 from fastmodule.bench.cases import (
     Case,
     FastIdentity,
@@ -112,7 +112,7 @@ def _build_mlp64_global_hook(device: torch.device) -> dict[str, Variant]:
 
     @contextlib.contextmanager
     def fast_context() -> Iterator[None]:
-        with torch.inference_mode(), fastmodule.accelerated(fast), _global_hook():
+        with torch.inference_mode(), accelerated(fast), _global_hook():
             yield
 
     with stock_context():
@@ -154,7 +154,7 @@ def _observed_lower(x: torch.Tensor, leaves: list[tuple[Any, Any]]) -> torch.Ten
 def _accelerated_context(fast: nn.Module) -> Callable[[], Any]:
     @contextlib.contextmanager
     def context() -> Iterator[None]:
-        with torch.no_grad(), fastmodule.accelerated(fast):
+        with torch.no_grad(), accelerated(fast):
             yield
 
     return context

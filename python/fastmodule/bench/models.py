@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import fastmodule
+from fastmodule.acceleration import accelerated
 from fastmodule.bench.cases import Case, Variant
 
 __all__ = ["MODEL_CASES", "bert_model", "gpt2_model", "resnet18_model", "vit_model"]
@@ -56,7 +56,7 @@ def _three_contexts(
 
     @contextlib.contextmanager
     def fast() -> Iterator[None]:
-        with torch.inference_mode(), fastmodule.accelerated(model):
+        with torch.inference_mode(), accelerated(model):
             yield
 
     @contextlib.contextmanager
@@ -75,7 +75,7 @@ def _checked(model: nn.Module, run: Callable[[], Any], same: Callable[[Any, Any]
     """The three ways of running ``model`` give the same result."""
     with torch.inference_mode():
         ref = run()
-        with fastmodule.accelerated(model):
+        with accelerated(model):
             fast = run()
         with _direct_forward():
             lower = run()

@@ -12,10 +12,11 @@ from typing import Any, TextIO
 
 import torch
 
-import fastmodule
+import fastmodule  # upward: its __version__, defined once in the package's __init__
 from fastmodule.bench.cases import KINDS, FastIdentity
 from fastmodule.bench.runner import CaseResult, Settings
 from fastmodule.bench.series import SeriesPoint
+from fastmodule.module import slots_of
 
 __all__ = ["collect_meta", "format_header", "format_table", "result_to_dict", "write_json"]
 
@@ -48,7 +49,7 @@ def collect_meta(threads: int, device: str, settings: Settings, quick: bool) -> 
         "repeats": settings.repeats,
         "target_s": settings.target_s,
         "fast_slots": dict(
-            zip(("call", "getattr", "setattr"), fastmodule.slots_of(FastIdentity), strict=True)
+            zip(("call", "getattr", "setattr"), slots_of(FastIdentity), strict=True)
         ),
     }
     if device == "cuda":

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import fastmodule
+from fastmodule.acceleration import accelerated
 from fastmodule.bench.cases import Case, Variant, _three, scaled
 from fastmodule.bench.models import _direct_forward, decode
 
@@ -214,7 +214,7 @@ def _accelerated(model: nn.Module, *outer: Callable[[], Any]) -> Callable[[], An
         with contextlib.ExitStack() as stack:
             for make in outer:
                 stack.enter_context(make())
-            stack.enter_context(fastmodule.accelerated(model))
+            stack.enter_context(accelerated(model))
             yield
 
     return context
@@ -259,7 +259,7 @@ def _root_builder(
             n for n, _ in model.named_parameters()
         ]:
             raise RuntimeError("the textbook tree's names differ from the model's")
-        with fastmodule.accelerated(model):
+        with accelerated(model):
             if list(model.state_dict()) != list(sd):
                 raise RuntimeError("stock and fast state_dict keys differ")
 
@@ -345,7 +345,7 @@ def _same_three(name: str, run: Callable[[], Any], model: nn.Module, seed: bool)
     """``run()`` gives the same result stock, accelerated and with bare modules."""
     contexts: list[Callable[[], Any]] = [
         contextlib.nullcontext,
-        lambda: fastmodule.accelerated(model),
+        lambda: accelerated(model),
         lambda: bare_modules(model),
     ]
     outs = []

@@ -70,7 +70,7 @@ def _stock_way(model: torch.nn.Module) -> Way:
     native = sorted({type(m).__qualname__ for m in model.modules() if isinstance(m, Module)})
     if not native:
         return contextlib.nullcontext
-    import fastmodule
+    import fastmodule  # upward: disabled() as users see it (an older fastmodule lacks it)
 
     disabled = getattr(fastmodule, "disabled", None)
     if disabled is None:
