@@ -220,6 +220,11 @@ def _accelerated(model: nn.Module, *outer: Callable[[], Any]) -> Callable[[], An
     return context
 
 
+def _sync(device: torch.device) -> Callable[[], None] | None:
+    """Waits for the device's queued work before each clock read (CUDA)."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
 def _grads(tree: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(p, torch.zeros_like(p)) for p in tree.parameters()]
 
@@ -250,8 +255,9 @@ def _root_builder(
     factory: Callable[[int], nn.Module], stmt: str
 ) -> Callable[[torch.device], dict[str, Variant]]:
     def build(device: torch.device) -> dict[str, Variant]:
-        model = factory(scaled(4)).train()
+        model = factory(scaled(4)).to(device).train()
         lower = textbook_tree(model)
+        sync = _sync(device)
         # A copy (ties kept): a tensor copied onto itself would skip the copy (copy_'s
         # early exit for the same data), and the lower tree holds copies of its own.
         sd = copy.deepcopy(model.state_dict())
@@ -267,9 +273,9 @@ def _root_builder(
             return {"m": tree, "sd": sd, "given": _grads(tree), "dtype": torch.float32}
 
         return _three(
-            Variant(stmt, namespace(model)),
-            Variant(stmt, namespace(model), _accelerated(model)),
-            Variant(stmt, namespace(lower), _accelerated(lower)),
+            Variant(stmt, namespace(model), sync=sync),
+            Variant(stmt, namespace(model), _accelerated(model), sync),
+            Variant(stmt, namespace(lower), _accelerated(lower), sync),
         )
 
     return build
@@ -321,23 +327,26 @@ _PHASES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def _mlp_step() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    model = mlp_model()
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+def _mlp_step(device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = mlp_model().to(device)
+    x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
     return model, lambda m: F.cross_entropy(m(x), y)
 
 
-def _gpt2_step() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    model = gpt2_tiny()
+def _gpt2_step(device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = gpt2_tiny().to(device)
     # The loss HF picks for it anyway, named so that it does not log that it guessed.
     model.loss_type = "ForCausalLM"
-    ids = torch.randint(0, VOCAB, (2, 32))
+    ids = torch.randint(0, VOCAB, (2, 32), device=device)
     return model, lambda m: m(ids, labels=ids).loss
 
 
-def _resnet18_step() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    model = resnet18_model()
-    x, y = torch.randn(1, 3, 64, 64), torch.randint(0, 10, (1,))
+def _resnet18_step(
+    device: torch.device,
+) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = resnet18_model().to(device)
+    x = torch.randn(1, 3, 64, 64, device=device)
+    y = torch.randint(0, 10, (1,), device=device)
     return model, lambda m: F.cross_entropy(m(x), y)
 
 
@@ -360,13 +369,14 @@ def _same_three(name: str, run: Callable[[], Any], model: nn.Module, seed: bool)
 
 def _step_builder(
     name: str,
-    make: Callable[[], tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]],
+    make: Callable[[torch.device], tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]],
     stmt: str,
     lower_stmt: str,
 ) -> Callable[[torch.device], dict[str, Variant]]:
     def build(device: torch.device) -> dict[str, Variant]:
-        model, loss_of = make()
+        model, loss_of = make(device)
         model.train()
+        sync = _sync(device)
 
         def run() -> torch.Tensor:
             return loss_of(model)
@@ -387,9 +397,9 @@ def _step_builder(
             "given": [(p, p.grad.clone() if p.grad is not None else None) for p in params],
         }
         return _three(
-            Variant(stmt, namespace),
-            Variant(stmt, namespace, _accelerated(model)),
-            Variant(lower_stmt, namespace, lambda: bare_modules(model)),
+            Variant(stmt, namespace, sync=sync),
+            Variant(stmt, namespace, _accelerated(model), sync),
+            Variant(lower_stmt, namespace, lambda: bare_modules(model), sync),
         )
 
     return build
@@ -399,9 +409,10 @@ def _generation_builder(
     name: str, factory: Callable[[], nn.Module], how: str
 ) -> Callable[[torch.device], dict[str, Variant]]:
     def build(device: torch.device) -> dict[str, Variant]:
-        model = factory().eval()
+        model = factory().to(device).eval()
         torch.manual_seed(2)
-        ids = torch.randint(3, VOCAB - 1, (1, 8))
+        ids = torch.randint(3, VOCAB - 1, (1, 8), device=device)
+        sync = _sync(device)
         mask = torch.ones_like(ids)
         if how == "decode":
 
@@ -435,15 +446,15 @@ def _generation_builder(
 
         namespace = {"run": run}
         return _three(
-            Variant("run()", namespace, stock),
-            Variant("run()", namespace, _accelerated(model, torch.inference_mode)),
-            Variant("run()", namespace, lower),
+            Variant("run()", namespace, stock, sync),
+            Variant("run()", namespace, _accelerated(model, torch.inference_mode), sync),
+            Variant("run()", namespace, lower, sync),
         )
 
     return build
 
 
-_STEP_MODELS: tuple[tuple[str, Callable[[], Any], str, str], ...] = (
+_STEP_MODELS: tuple[tuple[str, Callable[[torch.device], Any], str, str], ...] = (
     ("mlp", _mlp_step, "MLP 64-128x7-10, batch 32, cross-entropy", "torch"),
     ("gpt2", _gpt2_step, "HF GPT-2 (4 layers, n_embd 64), 2x32 tokens, LM loss", "transformers"),
     ("resnet18", _resnet18_step, "timm resnet18, 1x3x64x64, cross-entropy", "timm"),
