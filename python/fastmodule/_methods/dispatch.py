@@ -30,6 +30,7 @@ import inspect
 import sys
 import types
 import warnings
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -183,18 +184,38 @@ _COPIES: dict[int, dict[str, Any]] = {}
 def _same_in_torch(func: types.FunctionType) -> bool:
     """Is every global ``func`` (or a function nested in it) reads the same object
     in torch's module globals (as start-up leaves them: the bodies run after it)?"""
-    mine, torch_ns = func.__globals__, _TORCH_GLOBALS | _GIVEN
+    mine, torch_ns = func.__globals__, ChainMap(_GIVEN, _TORCH_GLOBALS)
     missing = object()
     codes = [func.__code__]
     while codes:
         code = codes.pop()
         codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        for ins in dis.get_instructions(code):
-            if ins.opname == "LOAD_GLOBAL":
-                builtin = getattr(builtins, ins.argval, missing)
-                if mine.get(ins.argval, builtin) is not torch_ns.get(ins.argval, builtin):
-                    return False
+        for name in _global_names(code):
+            builtin = getattr(builtins, name, missing)
+            if mine.get(name, builtin) is not torch_ns.get(name, builtin):
+                return False
     return True
+
+
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """The names ``code``'s ``LOAD_GLOBAL`` instructions read, in order: what
+    ``dis.get_instructions`` reports as their ``argval`` (on CPython 3.11-3.13 the
+    argument's upper bits index ``co_names``), read from the bytecode without
+    building ``dis``'s instruction objects, which took half of ``import fastmodule``."""
+    raw, names, out = code.co_code, code.co_names, []
+    arg = 0
+    for i in range(0, len(raw), 2):
+        op = raw[i]
+        if op == dis.EXTENDED_ARG:
+            arg = (arg | raw[i + 1]) << 8
+            continue
+        if op == _LOAD_GLOBAL:
+            out.append(names[(arg | raw[i + 1]) >> 1])
+        arg = 0
+    return out
 
 
 def _globals_for(func: types.FunctionType) -> dict[str, Any]:
