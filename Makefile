@@ -25,7 +25,7 @@ TORCH := $(TORCH_LATEST)
 
 .PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
 	bench bench-instructions lint check-py314 wheels check-wheels gpu-check gpu-check-dry \
-	gpu-check-bundle clean
+	gpu-check-bundle test-aarch64 clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -238,6 +238,25 @@ endif
 
 gpu-check-dry:
 	@$(MAKE) --no-print-directory gpu-check DRY_RUN=1
+
+# The cp311 aarch64 wheel imported and tested on an aarch64 CPython (Debian bookworm's
+# 3.11, torch TORCH_LATEST.* from PyPI) under qemu user-mode emulation, in a chroot; not
+# in CI. Needs root, qemu-user-static, binfmt-support, debootstrap and Rust's std for
+# aarch64 (scripts/aarch64/test_aarch64.sh says what is missing). The root (AARCH64_ROOT,
+# gitignored, about 6 GB, kept by `make clean`) is built on first use and reused;
+# cargo's files, the wheel and the logs go to target/aarch64. AARCH64_TESTS: what pytest
+# runs there (files chosen to need neither transformers nor a fresh Python process).
+AARCH64_ROOT := .aarch64-root
+AARCH64_TESTS := tests/test_parity_call.py tests/test_parity_getattr.py \
+	tests/test_parity_registration.py tests/test_parity_traversal.py \
+	tests/test_parity_state_dict.py tests/test_parity_load_state_dict.py \
+	tests/test_parity_conversion.py tests/test_parity_layers.py
+
+test-aarch64: $(VENV)/.wheel-tools
+	@echo "test-aarch64 seed: $(SEED) (replay: make test-aarch64 SEED=$(SEED))"
+	@ROOT=$(AARCH64_ROOT) TESTS="$(AARCH64_TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) \
+		VENV=$(VENV) MANYLINUX=$(MANYLINUX) LOGS=target/aarch64 \
+		bash scripts/aarch64/test_aarch64.sh
 
 clean:
 	rm -rf target dist $(VENV) .venv-py* python/fastmodule/*.so

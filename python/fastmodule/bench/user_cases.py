@@ -52,7 +52,7 @@ from torch import nn
 
 from fastmodule.acceleration import accelerated
 from fastmodule.bench.cases import Case, Variant, _three, scaled
-from fastmodule.bench.models import _direct_forward, decode
+from fastmodule.bench.models import _direct_forward, _sync, decode
 
 __all__ = [
     "USER_CASES",
@@ -218,11 +218,6 @@ def _accelerated(model: nn.Module, *outer: Callable[[], Any]) -> Callable[[], An
             yield
 
     return context
-
-
-def _sync(device: torch.device) -> Callable[[], None] | None:
-    """Waits for the device's queued work before each clock read (CUDA)."""
-    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def _grads(tree: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
