@@ -198,13 +198,19 @@ def _same_in_torch(func: types.FunctionType) -> bool:
 
 
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+#: The versions whose bytecode :func:`_global_names` reads itself (checked against
+#: ``dis`` for every code object of torch on each).
+_BYTECODE_KNOWN = (3, 11) <= sys.version_info[:2] <= (3, 13)
 
 
 def _global_names(code: types.CodeType) -> list[str]:
     """The names ``code``'s ``LOAD_GLOBAL`` instructions read, in order: what
     ``dis.get_instructions`` reports as their ``argval`` (on CPython 3.11-3.13 the
     argument's upper bits index ``co_names``), read from the bytecode without
-    building ``dis``'s instruction objects, which took half of ``import fastmodule``."""
+    building ``dis``'s instruction objects, which took half of ``import fastmodule``.
+    Another CPython may lay its bytecode out otherwise: there ``dis`` answers."""
+    if not _BYTECODE_KNOWN:
+        return [ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"]
     raw, names, out = code.co_code, code.co_names, []
     arg = 0
     for i in range(0, len(raw), 2):
