@@ -238,7 +238,7 @@ fn tracer_check_known() -> bool {
     cpython::tracer::known()
 }
 
-/// Capture what the native `_apply` needs (see `fastmodule.conversion`).
+/// Capture what the native `_apply` needs (see `fastmodule._methods.conversion`).
 #[pyfunction]
 fn init_apply(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     state::apply::init(py, config)
@@ -250,14 +250,14 @@ fn init_layers(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyRes
     call::layers::init(py, config)
 }
 
-/// Switch the native dispatch of forward hooks on (see `fastmodule.hook_dispatch`).
+/// Switch the native dispatch of forward hooks on (see `fastmodule._verified.hook_dispatch`).
 #[pyfunction]
 fn init_hooks(py: Python<'_>, config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     torch_api::hook_support::init(py, config)
 }
 
 /// Tell the call path which of torch's forwards count their caller's frames
-/// (see `fastmodule.frame_counting`).
+/// (see `fastmodule._verified.frame_counting`).
 #[pyfunction]
 fn init_frame_counting(py: Python<'_>, classify: &Bound<'_, PyAny>) -> PyResult<()> {
     call::frames::init(py, classify)
@@ -397,13 +397,13 @@ fn dict_version(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u
     cpython::dicts::dict_version_of(py, d, odict)
 }
 
-/// Capture torch's runtime state accessors (see `fastmodule.runtime`).
+/// Capture torch's runtime state accessors (see `fastmodule._methods.runtime`).
 #[pyfunction]
 fn init_runtime(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     torch_api::runtime::init(config)
 }
 
-/// Capture what the native load walk needs (see `fastmodule.loading`).
+/// Capture what the native load walk needs (see `fastmodule._methods.loading`).
 #[pyfunction]
 fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     state::load_state_dict::init(config)

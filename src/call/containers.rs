@@ -6,7 +6,7 @@
 //! slots (`for layer in self.layers`, `len(...)`) or method calls, through
 //! the function's vectorcall, which is replaced here (as for torch's other
 //! functions, see `crate::registry::vectorcalls`). The bodies were checked at import
-//! (`fastmodule.layers`) to read exactly these names; a call that is not
+//! (`fastmodule._verified.layers`) to read exactly these names; a call that is not
 //! `f(self)` on a fast instance whose `_modules` is a plain dict, or a call
 //! after the function's `__code__` or defaults were replaced, runs the
 //! function's own code.
@@ -162,7 +162,7 @@ pub fn init_builtins(py: Python<'_>, f: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// `config`: `{"name": function}` for the names below (see `fastmodule.layers`).
+/// `config`: `{"name": function}` for the names below (see `fastmodule._verified.layers`).
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     if ENTRIES.get().is_some() {
         return Ok(());

@@ -9,7 +9,7 @@
 //! `_wrapped_call_impl` (always, or, for the softmax family, when `self.dim`
 //! is None, the only case in which `F.softmax` and its siblings warn).
 //!
-//! Which code is which is `fastmodule.frame_counting`'s decision, asked once
+//! Which code is which is `fastmodule._verified.frame_counting`'s decision, asked once
 //! per code object and remembered here.
 use crate::cpython::{capi, Owned};
 use crate::instance::registries::AddressHasher;
@@ -31,7 +31,7 @@ pub enum Frames {
 }
 
 struct Support {
-    /// `fastmodule.frame_counting.classify(code) -> int`.
+    /// `fastmodule._verified.frame_counting.classify(code) -> int`.
     classify: *mut capi::PyObject,
     dim: *mut capi::PyObject,
 }
@@ -51,7 +51,7 @@ unsafe impl Sync for Memo {}
 static MEMO: Memo = Memo(UnsafeCell::new(None));
 const MEMO_LIMIT: usize = 4096;
 
-/// `classify`: see `fastmodule.frame_counting`.
+/// `classify`: see `fastmodule._verified.frame_counting`.
 pub fn init(py: Python<'_>, classify: &Bound<'_, PyAny>) -> PyResult<()> {
     let _ = SUPPORT.set(Support {
         classify: classify.clone().into_ptr(),

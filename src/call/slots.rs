@@ -26,7 +26,7 @@ use pyo3::types::PyType;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// Native paths that can be switched off at import, where torch's code for
-/// them is not the code fastmodule verified (`fastmodule.verification`): the
+/// them is not the code fastmodule verified (`fastmodule._verified.verification`): the
 /// call, the attribute read, and registration (`__setattr__`, `__delattr__`,
 /// `register_*`, `add_module`).
 pub const CALL: u8 = 1;

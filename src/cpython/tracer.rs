@@ -11,7 +11,7 @@
 //! objects among the thread state's first words (the two function pointers
 //! just before them must be set), and [`confirm`] sees all four cleared once
 //! they are unset. Until both succeed the check answers "no"; if they fail at
-//! import, `fastmodule.verification` switches no native path on (and
+//! import, `fastmodule._verified.verification` switches no native path on (and
 //! `fastmodule.diagnostics()` says why).
 use pyo3::ffi;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

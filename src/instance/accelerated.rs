@@ -152,13 +152,13 @@ pub fn remove(cls: &Bound<'_, PyType>) -> PyResult<bool> {
     Ok(true)
 }
 
-/// Where `fastmodule.inline_routes` keeps its flag "is any class accelerated
+/// Where `fastmodule._verified.inline_routes` keeps its flag "is any class accelerated
 /// in place now?" (torch's module namespace), and the flag's name.
 static FLAG: std::sync::OnceLock<(Py<pyo3::types::PyDict>, Py<pyo3::types::PyString>)> =
     OnceLock::new();
 
 /// Keep `namespace[flag]` equal to "some class is accelerated in place" from
-/// now on (`fastmodule.inline_routes`' flag; the first call decides).
+/// now on (`fastmodule._verified.inline_routes`' flag; the first call decides).
 pub fn keep_flag(
     namespace: &Bound<'_, pyo3::types::PyDict>,
     flag: &Bound<'_, pyo3::types::PyString>,

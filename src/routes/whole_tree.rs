@@ -4,7 +4,7 @@
 //! `fastmodule.Module` subclasses and of classes accelerated in place.
 //!
 //! The route is a statement in front of torch's code
-//! (`fastmodule.inline_routes`), whose check [`route_check`] answers. On
+//! (`fastmodule._verified.inline_routes`), whose check [`route_check`] answers. On
 //! CPython 3.11, which calls a Python function called from C through its
 //! vectorcall but inlines calls from Python code without it, torch's function
 //! objects also get fastmodule's vectorcall entry point ([`routed`], as for the
@@ -70,7 +70,7 @@ unsafe fn compiling() -> bool {
 static SEALED: OnceLock<Vec<(String, Body)>> = OnceLock::new();
 
 /// Record the bodies of `nn.Module.<name>` for `names` as they are now (after
-/// `fastmodule.inline_routes` put its statement in front of torch's code).
+/// `fastmodule._verified.inline_routes` put its statement in front of torch's code).
 pub fn seal(py: Python<'_>, names: &[String]) -> PyResult<()> {
     let g = require(py)?;
     let nn_module = unsafe { Bound::from_borrowed_ptr(py, g.nn_module as *mut capi::PyObject) };
@@ -144,7 +144,7 @@ unsafe extern "C" fn routed(
     (route.original)(callable, args, nargsf, kwnames)
 }
 
-/// The eager answer of `fastmodule.inline_routes`' check `_fastmodule_route(self)`:
+/// The eager answer of `fastmodule._verified.inline_routes`' check `_fastmodule_route(self)`:
 /// [`to_body`]. The Python function it is installed on answers `False`, which
 /// is what Dynamo sees when it traces torch's prefixed code.
 unsafe extern "C" fn route_check(

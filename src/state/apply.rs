@@ -7,7 +7,7 @@
 //! when the case is the common one; anything else is handed to torch's own
 //! `_apply(fn, recurse=False)` for that module, before anything of it was
 //! touched, or, once some of its tensors were converted, through a replaying
-//! `fn` that lets torch finish the module exactly (`fastmodule.conversion`).
+//! `fn` that lets torch finish the module exactly (`fastmodule._methods.conversion`).
 //!
 //! The native case: both `torch.__future__` conversion flags off, exact
 //! `dict` registries, parameters that are exact `Parameter`s with exact-tensor
@@ -63,7 +63,7 @@ enum Known {
 
 static CONFIG: OnceLock<(Config, Vec<Py<PyAny>>)> = OnceLock::new();
 
-/// `config`: see `fastmodule.conversion` for the keys.
+/// `config`: see `fastmodule._methods.conversion` for the keys.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let get = |k: &str| -> PyResult<Py<PyAny>> {
         config

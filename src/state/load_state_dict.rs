@@ -22,7 +22,7 @@
 //! deciding is read without running code (quiet dicts and sets, exact str
 //! keys), so the decision is unobservable; anything else calls the module's
 //! own `_load_from_state_dict`, before anything of it was touched, from a
-//! frame that reads as torch's `load` (see `fastmodule.loading`), so that
+//! frame that reads as torch's `load` (see `fastmodule._methods.loading`), so that
 //! what it warns with `stacklevel=2` is attributed as in torch.
 use super::buckets::build_buckets;
 use super::load_from_state_dict::{exact_dict, native_load_from_state_dict};

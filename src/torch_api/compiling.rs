@@ -2,12 +2,12 @@
 //! hooks (when it is true, an exception skips the `always_call` hooks).
 //!
 //! torch's function is `return False if torch.jit.is_scripting() else
-//! _is_compiling_flag` (checked at import: `fastmodule.hook_dispatch`). While
+//! _is_compiling_flag` (checked at import: `fastmodule._verified.hook_dispatch`). While
 //! every name on that way is still torch's object — `torch` in module.py's
 //! globals, `torch.compiler`, its `is_compiling` (same code, same globals),
 //! `torch.jit.is_scripting` (same code, `return False`) — the answer is
 //! `_is_compiling_flag` read from `torch.compiler`'s globals, as the function
-//! returns it. Otherwise, or when `fastmodule.hook_dispatch` found another
+//! returns it. Otherwise, or when `fastmodule._verified.hook_dispatch` found another
 //! shape, the very expression `torch.compiler.is_compiling()` runs.
 use crate::cpython::validity::Checked;
 use crate::cpython::{capi, Owned};

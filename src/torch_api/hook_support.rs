@@ -1,6 +1,6 @@
 //! What the native dispatch of forward hooks needs from torch and from
 //! fastmodule's Python side, handed over once at import by
-//! `fastmodule.hook_dispatch` (only after torch's `_call_impl` and the
+//! `fastmodule._verified.hook_dispatch` (only after torch's `_call_impl` and the
 //! functions it calls were verified). Until then, or if it never comes,
 //! a module call with hooks runs torch's `_call_impl`.
 use crate::cpython::validity::Checked;
@@ -70,13 +70,13 @@ unsafe impl Sync for HookSupport {}
 
 static SUPPORT: OnceLock<HookSupport> = OnceLock::new();
 
-/// The support, once `fastmodule.hook_dispatch` handed it over.
+/// The support, once `fastmodule._verified.hook_dispatch` handed it over.
 #[inline(always)]
 pub fn get() -> Option<&'static HookSupport> {
     SUPPORT.get()
 }
 
-/// `config`: see `fastmodule.hook_dispatch`.
+/// `config`: see `fastmodule._verified.hook_dispatch`.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
         config

@@ -230,7 +230,7 @@ unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Pairs>, ()> {
 }
 
 /// `a, b = pair` for an exact 2-tuple; anything else as the unpacking
-/// statement does it (`fastmodule.hook_dispatch.unpack_pair`).
+/// statement does it (`fastmodule._verified.hook_dispatch.unpack_pair`).
 pub unsafe fn unpack_pair(
     pair: *mut capi::PyObject,
     s: &HookSupport,

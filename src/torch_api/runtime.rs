@@ -20,7 +20,7 @@ pub struct Runtime {
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
-/// `config`: see `fastmodule.runtime`.
+/// `config`: see `fastmodule._methods.runtime`.
 pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
     let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
         config

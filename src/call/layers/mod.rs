@@ -14,7 +14,7 @@
 //! arguments, in the same order; a `__torch_function__` input or mode, or any
 //! value the native step does not reproduce exactly, gets torch's own Python
 //! function for that step. The function bodies were checked at import
-//! (`fastmodule.layers`) against the names they use, so a torch whose layers
+//! (`fastmodule._verified.layers`) against the names they use, so a torch whose layers
 //! read differently is simply not served.
 mod activations;
 mod containers;
@@ -91,7 +91,7 @@ static LEAVES: OnceLock<Leaves> = OnceLock::new();
 
 pub(super) use crate::cpython::validity::Checked;
 
-/// `config`: see `fastmodule.layers`.
+/// `config`: see `fastmodule._verified.layers`.
 pub fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let get = |k: &str| -> PyResult<*mut capi::PyObject> {
         Ok(config

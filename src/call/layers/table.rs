@@ -1,5 +1,5 @@
 //! The layer families beyond `Sequential`/`Linear`/`ReLU`: each registered by
-//! `fastmodule.layers` as a spec — torch's `forward` function, the objects
+//! `fastmodule._verified.layers` as a spec — torch's `forward` function, the objects
 //! the native steps call, and a guard: every global those steps read, with
 //! the object torch installed there (or its absence), and every torch Python
 //! function whose body is reproduced (its code, defaults and closure cells
@@ -50,7 +50,7 @@ pub(super) enum Kind {
     AdaptiveAvgPool2d,
 }
 
-/// The spec names `fastmodule.layers` registers, with the names of the
+/// The spec names `fastmodule._verified.layers` registers, with the names of the
 /// objects each kind's native steps call (indexed by the family's constants).
 const KINDS: &[(&str, Kind, &[&str])] = &[
     ("identity", Kind::Identity, &[]),
@@ -278,7 +278,7 @@ fn owned(o: &Bound<'_, PyAny>) -> Obj {
 
 /// `config["layers"]`: `{kind: {"forward", "objs", "guard", "types", "funcs", "classes"}}`
 /// and `config["absent"]`, the marker of an entry that must be missing; see
-/// `fastmodule.layers`. No `layers` key: nothing beyond the first three.
+/// `fastmodule._verified.layers`. No `layers` key: nothing beyond the first three.
 pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let err =
         |k: &str| pyo3::exceptions::PyRuntimeError::new_err(format!("fastmodule: layers lack {k}"));
