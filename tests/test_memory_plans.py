@@ -287,3 +287,50 @@ def test_uninstall_drops_every_plan() -> None:
         fastmodule.uninstall()
     assert weakref.getweakrefcount(m) == 0
     assert _core.plan_memory() == (0, 0)
+
+
+@pytest.mark.parametrize("breakage", ["delete _modules", "_modules = None", "raise in block"])
+def test_accelerated_exit_after_the_block_broke_the_tree(breakage: str) -> None:
+    """The exit of ``accelerated`` gives back what was kept without walking the tree:
+    a block that left a module without its ``_modules`` (or raised) ends exactly as the
+    same block ends on stock, with nothing raised by the exit and the classes restored."""
+    from torch import nn
+
+    import fastmodule
+
+    class Node(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+    class Marker(Exception):
+        pass
+
+    def block(m: nn.Module) -> None:
+        list(m.parameters())
+        m.state_dict()
+        m.train()
+        if breakage == "delete _modules":
+            del m[0]._modules
+        elif breakage == "_modules = None":
+            m[0]._modules = None
+        else:
+            raise Marker("from the block")
+
+    def run(accelerate: bool) -> tuple[Any, ...]:
+        m = nn.Sequential(Node(), nn.ReLU())
+        try:
+            if accelerate:
+                with fastmodule.accelerated(m):
+                    block(m)
+            else:
+                block(m)
+        except Exception as e:  # noqa: BLE001 - the outcome is what is compared
+            return ("raised", type(e).__name__, str(e), e.__context__ is None)
+        return ("ok",)
+
+    stock = run(accelerate=False)
+    assert run(accelerate=True) == stock
+    assert not fastmodule.is_accelerated(Node())
+    # No root is watched for plans: the exit gave everything back.
+    assert _core.plan_memory()[0] == 0

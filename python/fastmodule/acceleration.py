@@ -93,7 +93,7 @@ def accelerate(model: M) -> M:
 def accelerated(model: M) -> Iterator[M]:
     """``with accelerated(model):`` accelerates ``model``'s classes for the block and
     restores, on exit, exactly those that were not accelerated before it (giving back
-    what was kept for the tree, as :func:`restore` does, when it restores any)."""
+    what was kept for walks, as :func:`restore` does for its tree, when it restores any)."""
     _check(model, "accelerated")
     if not NATIVE:
         yield model
@@ -110,7 +110,12 @@ def accelerated(model: M) -> Iterator[M]:
         for cls in newly:
             _core.restore_class(cls)
         if newly:
-            _core.forget_tree(list(torch.nn.Module.modules(model)))
+            # Everything kept, not just this tree's: the exit must not walk the tree,
+            # which the block may have left unwalkable (a module's ``_modules``
+            # deleted) or whose walk may run a user's ``named_modules``; an exit
+            # that raised would also replace the block's own exception. Other trees
+            # only record their walks again.
+            _core.forget_all()
 
 
 def restore(model: M) -> M:
