@@ -78,6 +78,17 @@ static MISSES: Misses = Misses(std::cell::UnsafeCell::new(
     [[std::ptr::null_mut(); 3]; MISS_SLOTS],
 ));
 
+/// The pieces of `f"'{tname}' object has no attribute '{name}'"`.
+fn miss_parts<'a>(tname: *mut capi::PyObject, name: *mut capi::PyObject) -> [Part<'a>; 5] {
+    [
+        Part::Lit(c"'"),
+        Part::Obj(tname),
+        Part::Lit(c"' object has no attribute '"),
+        Part::Obj(name),
+        Part::Lit(c"'"),
+    ]
+}
+
 /// `f"'{tname}' object has no attribute '{name}'"` for two exact strs (an
 /// f-string field of an exact str is the str itself), as a new reference.
 unsafe fn miss_message(
@@ -93,16 +104,7 @@ unsafe fn miss_message(
         capi::Py_INCREF(entry[2]);
         return entry[2];
     }
-    let msg = join(
-        g,
-        &[
-            Part::Lit(c"'"),
-            Part::Obj(tname),
-            Part::Lit(c"' object has no attribute '"),
-            Part::Obj(name),
-            Part::Lit(c"'"),
-        ],
-    );
+    let msg = join(g, &miss_parts(tname, name));
     if msg.is_null() {
         return msg;
     }
@@ -134,17 +136,7 @@ pub unsafe fn no_attribute(
     if capi::PyUnicode_CheckExact(tname) == 0 || capi::PyUnicode_CheckExact(name) == 0 {
         // A str subclass formats through its own `__format__`: as torch's
         // f-string does, every time.
-        raise(
-            g,
-            capi::PyExc_AttributeError,
-            &[
-                Part::Lit(c"'"),
-                Part::Obj(tname),
-                Part::Lit(c"' object has no attribute '"),
-                Part::Obj(name),
-                Part::Lit(c"'"),
-            ],
-        );
+        raise(g, capi::PyExc_AttributeError, &miss_parts(tname, name));
         capi::Py_DECREF(tname);
         return std::ptr::null_mut();
     }
