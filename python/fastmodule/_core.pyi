@@ -119,10 +119,15 @@ def load_replay(
     state_dict: object,
     metadata: object,
     assign: object,
+    missing: list[str],
+    unexpected: list[str],
     errors: list[str],
+    post_hook_text: str,
 ) -> bool:
     """The load from ``module``'s recorded walk when ``state_dict`` holds exactly its
-    keys (True: done, copy failures appended to ``errors``); False: nothing done."""
+    keys (True: done, copy failures appended to ``errors``; a module changed during
+    the load is loaded live, its keys reported in ``missing``/``unexpected``);
+    False: nothing done."""
 
 def init_hooks(config: dict[str, object]) -> None:
     """Switch the native dispatch of forward hooks on (``fastmodule._verified.hook_dispatch``)."""

@@ -86,6 +86,18 @@ impl<P: Root> Table<P> {
         self.slots()[i].as_mut().and_then(Arc::get_mut)
     }
 
+    /// Drop `plan` if a slot still holds it (after code may have run, slot
+    /// indices found before no longer say which plan is where).
+    pub fn forget_plan(&self, plan: &Arc<P>) {
+        if let Some(i) = self
+            .slots()
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, plan)))
+        {
+            self.forget(i);
+        }
+    }
+
     /// Drop slot `i`'s plan (stale: the next call records afresh).
     pub fn forget(&self, i: usize) {
         // Released after the slot is consistent.

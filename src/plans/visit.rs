@@ -200,30 +200,49 @@ pub unsafe fn dict_entry(
     capi::PyDict_GetItemWithError(dict, name)
 }
 
+/// Two hook dicts of a module, empty when recorded, with their versions.
+#[derive(Clone, Copy)]
+pub struct Hooks {
+    dicts: [*mut capi::PyObject; 2],
+    versions: [u64; 2],
+}
+
 /// The two hook dicts `names` of a checked module, when plain entries that
-/// are empty dicts or `OrderedDict`s (their sizes change without the
-/// instance dict: a replay checks them with [`hooks_empty`]).
+/// are empty dicts or `OrderedDict`s (they change without the instance dict:
+/// a replay checks them with [`hooks_empty`]).
 pub unsafe fn empty_hooks(
     g: &Globals,
     c: &Checked,
     names: [*mut capi::PyObject; 2],
-) -> Option<[*mut capi::PyObject; 2]> {
+) -> Option<Hooks> {
     let tp = capi::Py_TYPE(c.module);
-    let mut hooks = [std::ptr::null_mut(); 2];
-    for (slot, name) in hooks.iter_mut().zip(names) {
+    let mut hooks = Hooks {
+        dicts: [std::ptr::null_mut(); 2],
+        versions: [0; 2],
+    };
+    for ((slot, version), name) in hooks.dicts.iter_mut().zip(&mut hooks.versions).zip(names) {
         let h = dict_entry(tp, c.seen.dict, name);
         if h.is_null() || hook_dict_len(h, g.odict) != Some(0) {
             return None;
         }
         *slot = h;
+        *version = dict_version(h);
     }
     Some(hooks)
 }
 
-/// Are hook dicts recorded by [`empty_hooks`] still empty?
+/// Are hook dicts recorded by [`empty_hooks`] unchanged (so still empty)?
+/// Their versions, not their sizes: a hook registered and removed again
+/// since is a change (a walk in between would have called it). Dereferences
+/// the dicts only after their module's check (they are held by its
+/// unchanged instance dict).
 #[inline(always)]
-pub unsafe fn hooks_empty(g: &Globals, hooks: &[*mut capi::PyObject; 2]) -> bool {
-    hooks.iter().all(|&h| hook_dict_len(h, g.odict) == Some(0))
+pub unsafe fn hooks_empty(hooks: &Hooks) -> bool {
+    hooks
+        .dicts
+        .iter()
+        .zip(&hooks.versions)
+        .all(|(&h, &v)| dict_version(h) == v)
 }
 
 /// `a + b` for exact strs (None on failure, with an exception set).

@@ -31,6 +31,7 @@ use crate::cpython::recursion::{Depth, Recursion};
 use crate::instance::attributes::{data_attr, exact_str, instance_dict, truthy};
 use crate::instance::qualified_names::{self, Kind};
 use crate::instance::registries::Items;
+use crate::state::load_state_dict_plan::Replay;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
@@ -179,28 +180,124 @@ pub(super) fn plain_load(
 
 /// torch's `load_state_dict` walk from `module`'s recorded plan, when the
 /// call is the plain case and the caller's dict holds exactly the keys the
-/// plan expects: true when done (copy failures reported in `errors`), false
+/// plan expects: true when done (copy failures reported in `errors`, keys in
+/// `missing`/`unexpected` where a module changed during the load), false
 /// when nothing was done. For a dict or `OrderedDict`, torch's private copy
 /// of it (`OrderedDict(state_dict)`) is unobservable when no hook or
-/// override receives it, so the plan reads the caller's dict itself.
+/// override receives it: the checks read the caller's dict, and a plain
+/// copy is kept for modules that must be loaded live.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 pub fn load_replay<'py>(
     py: Python<'py>,
     module: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
     metadata: &Bound<'py, PyAny>,
     assign: &Bound<'py, PyAny>,
+    missing: &Bound<'py, PyAny>,
+    unexpected: &Bound<'py, PyAny>,
     errors: &Bound<'py, PyAny>,
+    post_hook_text: &Bound<'py, PyAny>,
 ) -> PyResult<bool> {
     let g = crate::torch_api::originals::require(py)?;
     let cfg = config()?;
     if !plain_load(py, g, state_dict, metadata, assign.is_truthy()?)? {
         return Ok(false);
     }
-    match crate::state::load_state_dict_plan::replay(py, g, module, state_dict, metadata) {
-        Some(copies) => copy_all(py, cfg, errors, &copies?).map(|()| true),
-        None => Ok(false),
+    let Some(replay) =
+        crate::state::load_state_dict_plan::replay(py, g, module, state_dict, metadata)
+    else {
+        return Ok(false);
+    };
+    let replay = replay?;
+    let ctx = Ctx {
+        g,
+        cfg,
+        metadata: metadata.clone(),
+        assign: assign.clone(),
+        assigning: false,
+        missing: missing.clone(),
+        unexpected: unexpected.clone(),
+        errors: errors.clone(),
+        post_hook_text: post_hook_text.clone(),
+    };
+    let mut k = 0;
+    replay_module(py, &ctx, &replay, &mut k, module, &replay.prefix(0))?;
+    Ok(true)
+}
+
+/// torch's `load(module, ..., prefix)` for plan visit `*k` (whose module
+/// `module` is), from the plan while each module reads as when checked, live
+/// from the first that does not; `*k` moves past the visit's subtree. As
+/// torch's `load`, it reads `module._modules` after the module's copies (which
+/// release the GIL), iterates it live, and reads the load post-hooks after
+/// the children.
+fn replay_module<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    r: &Replay<'py>,
+    k: &mut usize,
+    module: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let this = *k;
+    *k = r.subtree_end(this);
+    // The first visit was checked just before (nothing ran since); a later
+    // one is checked where torch's walk reaches it: copies before released
+    // the GIL.
+    // SAFETY: GIL held; `module` is ours.
+    if this > 0 && !unsafe { r.still(this) } {
+        return load(py, ctx, module, &r.local(prefix)?, prefix);
     }
+    let _depth = Depth::enter(py, Recursion::Python)?;
+    copy_all(py, ctx.cfg, &ctx.errors, r.pairs(this))?;
+    // `module._modules.items()`, read now, as torch's.
+    let children = module.getattr(intern!(py, "_modules"))?;
+    let mut items = if exact_dict(&children) {
+        Items::of_dict(&children)
+    } else {
+        Items::Iter(
+            children
+                .call_method0(intern!(py, "items"))?
+                .try_iter()?
+                .unbind(),
+        )
+    };
+    let mut next = this + 1;
+    while let Some((name, child)) = items.next(py)? {
+        if child.is_none() {
+            continue;
+        }
+        // The plan's next visit, if this is its module under its name.
+        let planned = next < r.visits()
+            && r.depth(next) == r.depth(this) + 1
+            && r.module(next) == child.as_ptr()
+            && (unsafe { r.children_unchanged(this) } || {
+                let child_prefix = qualified_names::name(Kind::Child, prefix, &name, || {
+                    prefix.add(&name)?.add(intern!(py, "."))
+                })?;
+                child_prefix.eq(r.prefix(next))?
+            });
+        if planned {
+            let child_prefix = r.prefix(next);
+            replay_module(py, ctx, r, &mut next, &child, &child_prefix)?;
+            continue;
+        }
+        // The tree differs from the plan here: this child and the rest of
+        // this module's, live, from torch's copy.
+        let local = r.local(prefix)?;
+        load_children_from(
+            py,
+            ctx,
+            &children,
+            items,
+            &local,
+            prefix,
+            Some((name, child)),
+        )?;
+        break;
+    }
+    post_hooks(py, ctx, module)
 }
 
 pub(super) fn config() -> PyResult<&'static Config> {
@@ -349,7 +446,13 @@ pub(super) fn load<'py>(
         ))?;
     }
     load_children(py, ctx, module, local, prefix)?;
-    // The post-hooks, with the live key lists.
+    post_hooks(py, ctx, module)
+}
+
+/// The load post-hooks of `module`, read after its children loaded, with the
+/// live key lists.
+fn post_hooks<'py>(py: Python<'py>, ctx: &Ctx<'py>, module: &Bound<'py, PyAny>) -> PyResult<()> {
+    let g = ctx.g;
     let hooks = module.getattr(intern!(py, "_load_state_dict_post_hooks"))?;
     if matches!(unsafe { hook_dict_len(hooks.as_ptr(), g.odict) }, Some(0)) {
         return Ok(());
@@ -389,7 +492,7 @@ pub(super) fn load_children<'py>(
 ) -> PyResult<()> {
     // `module._modules.items()`: one read of `_modules`, as torch's.
     let children = module.getattr(intern!(py, "_modules"))?;
-    let mut items = if exact_dict(&children) {
+    let items = if exact_dict(&children) {
         Items::of_dict(&children)
     } else {
         Items::Iter(
@@ -399,10 +502,28 @@ pub(super) fn load_children<'py>(
                 .unbind(),
         )
     };
+    load_children_from(py, ctx, &children, items, local, prefix, None)
+}
+
+/// The children loop of torch's `load` over `children` (the `_modules` read),
+/// with `items` its iteration, after `first` (an item already taken from it).
+#[allow(clippy::too_many_arguments)]
+fn load_children_from<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    children: &Bound<'py, PyAny>,
+    mut items: Items,
+    local: &Bound<'py, PyAny>,
+    prefix: &Bound<'py, PyAny>,
+    mut first: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<()> {
     let mut buckets: Option<Bound<'py, PyDict>> = None;
     let mut seen: Option<(Version, Version)> = None;
     let dot = intern!(py, ".");
-    while let Some((name, child)) = items.next(py)? {
+    while let Some((name, child)) = match first.take() {
+        Some(item) => Some(item),
+        None => items.next(py)?,
+    } {
         if child.is_none() {
             continue;
         }
@@ -410,11 +531,11 @@ pub(super) fn load_children<'py>(
             qualified_names::name(Kind::Child, prefix, &name, || prefix.add(&name)?.add(dot))?;
         // Rebuild if a hook changed the parent's dict (entries or order) or
         // the children while earlier children loaded.
-        let versions = (version(py, local)?, version(py, &children)?);
+        let versions = (version(py, local)?, version(py, children)?);
         let usable = versions.0.is_some() && versions.1.is_some();
         if !usable || buckets.is_none() || seen != Some(versions) {
             buckets = if usable {
-                build_buckets(py, local, prefix, &children)?
+                build_buckets(py, local, prefix, children)?
             } else {
                 None
             };

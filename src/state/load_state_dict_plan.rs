@@ -24,10 +24,21 @@
 //! expected keys, and all of them (so no key is missing or unexpected
 //! anywhere); and each pair's types, shapes and `is_meta`
 //! (`crate::state::load_state_dict::plain_copy`, the live path's test). Any difference
-//! hands the call to the live walk, which then records afresh. Then the caller copies each pair in torch's order, as the
-//! live path does (`crate::state::load_state_dict`'s `copy_all`). The cyclic GC is paused
-//! during the checks (so no finalizer runs between them), and the pairs are
-//! the replay's own references while `copy_` releases the GIL.
+//! hands the call to the live walk, which then records afresh. Then the
+//! caller walks the tree as torch's `load` does ([`Replay`],
+//! `crate::state::load_state_dict::load_replay`): `copy_` releases the GIL,
+//! so another thread (or a finalizer) may change the tree between two
+//! modules. Each module after the first is therefore checked again where the
+//! walk reaches it (its class, dicts, registries, hook dicts, persistence
+//! and local metadata: what torch's `_load_from_state_dict` reads when it
+//! starts), the children's dict is read and iterated live after the
+//! module's copies, and the post-hooks are read after the children, as in
+//! torch; a module that changed is loaded live from there, from a copy of
+//! the caller's dict taken before anything else (torch's own
+//! `OrderedDict(state_dict)`). The cyclic GC is paused only during the
+//! checks and that copy (no finalizer runs between them, and they release
+//! nothing), and the pairs are the replay's own references while `copy_`
+//! releases the GIL.
 use crate::cpython::capi;
 use crate::cpython::recursion::room_for;
 use crate::cpython::type_cache::type_lookup;
@@ -48,11 +59,15 @@ struct Visit {
     /// the previous visit's end).
     entries_end: u32,
     /// `_load_state_dict_pre_hooks`, `_load_state_dict_post_hooks`.
-    hooks: [*mut capi::PyObject; 2],
+    hooks: crate::plans::visit::Hooks,
     /// `_non_persistent_buffers_set` (an exact set).
     non_persistent: *mut capi::PyObject,
     /// `prefix[:-1]`, the module's key in the state dict's `_metadata`.
     metadata_key: Py<PyAny>,
+    /// The prefix torch's `load` passes this module (`""` at the root).
+    prefix: Py<PyAny>,
+    /// Its depth below the root (a subtree's visits follow it, deeper).
+    depth: u32,
     /// The local metadata the last full check found here (an exact dict or
     /// null: absent) with its version (see `Plan::metadata_seen`).
     local_seen: Cell<(*mut capi::PyObject, u64)>,
@@ -132,32 +147,198 @@ pub struct Originals {
 /// (`crate::state::load_state_dict::load_replay`).
 pub fn replay<'py>(
     py: Python<'py>,
-    g: &Globals,
+    g: &'static Globals,
     root: &Bound<'py, PyAny>,
     state_dict: &Bound<'py, PyAny>,
     metadata: &Bound<'py, PyAny>,
-) -> Option<PyResult<Vec<CopyPair<'py>>>> {
+) -> Option<PyResult<Replay<'py>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r)?;
+    // The checks run no code and release nothing (see the module docs), and
+    // neither does the copy of the caller's dict.
     let gc = crate::cpython::gc::GcPause::new();
     let checked = unsafe { check(py, g, &plan, state_dict, metadata) };
+    let checked = match checked {
+        // torch's own copy (`OrderedDict(state_dict)`), taken before
+        // anything of the load: what a module loaded live below reads even
+        // if the caller's dict changes meanwhile.
+        Check::Pairs(pairs, ends) => {
+            match unsafe {
+                Bound::from_owned_ptr_or_err(py, capi::PyDict_Copy(state_dict.as_ptr()))
+            } {
+                Ok(snapshot) => Ok((pairs, ends, snapshot)),
+                Err(e) => Err(Check::Error(e)),
+            }
+        }
+        other => Err(other),
+    };
     drop(gc);
-    let pairs = match checked {
-        Check::Pairs(p) => p,
-        Check::Stale => {
+    let (pairs, ends, snapshot) = match checked {
+        Ok(x) => x,
+        Err(Check::Stale) => {
             TABLE.forget(i);
             return None;
         }
-        Check::Differs => return None,
-        Check::Error(e) => return Some(Err(e)),
+        Err(Check::Error(e)) => return Some(Err(e)),
+        Err(_) => return None,
     };
     TABLE.note_replay();
-    Some(Ok(pairs))
+    let md_version = if metadata.is_none() {
+        0
+    } else {
+        unsafe { dict_version(metadata.as_ptr()) }
+    };
+    Some(Ok(Replay {
+        g,
+        plan,
+        pairs,
+        ends,
+        snapshot,
+        metadata: metadata.clone(),
+        md_version,
+    }))
+}
+
+/// A checked replay of `load`, carried out by
+/// `crate::state::load_state_dict::load_replay` module by module: each
+/// module after the first is checked again where torch's `load` reaches it
+/// (`copy_` released the GIL before: other code may have changed it), and one
+/// that changed is loaded live from there, as torch would load it then.
+pub struct Replay<'py> {
+    g: &'static Globals,
+    plan: std::sync::Arc<Plan>,
+    /// The (key, param, input) copies of every visit, in torch's order.
+    pairs: Vec<CopyPair<'py>>,
+    /// The end of each visit's copies in `pairs`.
+    ends: Vec<u32>,
+    /// torch's copy of the caller's dict (a dict in its order).
+    snapshot: Bound<'py, PyAny>,
+    metadata: Bound<'py, PyAny>,
+    /// The metadata dict's version when checked (0 without one).
+    md_version: u64,
+}
+
+impl<'py> Replay<'py> {
+    pub fn visits(&self) -> usize {
+        self.plan.visits.len()
+    }
+
+    /// The module of visit `k` (borrowed: compared by identity only).
+    pub fn module(&self, k: usize) -> *mut capi::PyObject {
+        self.plan.modules[self.plan.visits[k].module as usize].module
+    }
+
+    pub fn depth(&self, k: usize) -> u32 {
+        self.plan.visits[k].depth
+    }
+
+    pub fn prefix(&self, k: usize) -> Bound<'py, PyAny> {
+        self.plan.visits[k].prefix.bind(self.snapshot.py()).clone()
+    }
+
+    /// Is visit `k`'s `_modules` registry the recorded dict, unchanged? Its
+    /// children are then the recorded ones, in order.
+    ///
+    /// # Safety
+    /// GIL held; `k`'s module alive (the caller holds it).
+    pub unsafe fn children_unchanged(&self, k: usize) -> bool {
+        let c = &self.plan.modules[self.plan.visits[k].module as usize];
+        c.seen_holds() && c.reg_unchanged(2)
+    }
+
+    /// The copies of visit `k`.
+    pub fn pairs(&self, k: usize) -> &[CopyPair<'py>] {
+        let start = if k == 0 { 0 } else { self.ends[k - 1] as usize };
+        &self.pairs[start..self.ends[k] as usize]
+    }
+
+    /// The first visit after `k`'s subtree.
+    pub fn subtree_end(&self, k: usize) -> usize {
+        let d = self.plan.visits[k].depth;
+        self.plan.visits[k + 1..]
+            .iter()
+            .position(|v| v.depth <= d)
+            .map_or(self.plan.visits.len(), |i| k + 1 + i)
+    }
+
+    /// The entries of torch's copy under `prefix`, in its order: the dict
+    /// torch's `load` hands the module there (`prefix` "" is the root's).
+    pub fn local(&self, prefix: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = prefix.py();
+        let out = pyo3::types::PyDict::new(py);
+        let whole = prefix.len()? == 0;
+        let startswith = pyo3::intern!(py, "startswith");
+        for kv in self
+            .snapshot
+            .call_method0(pyo3::intern!(py, "items"))?
+            .try_iter()?
+        {
+            let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
+            if whole || k.call_method1(startswith, (prefix,))?.is_truthy()? {
+                out.set_item(k, v)?;
+            }
+        }
+        Ok(out.into_any())
+    }
+
+    /// Does visit `k` still read as when checked, where torch's `load`
+    /// reaches its module (held by the caller): its class, instance dict and
+    /// registries, its hook dicts, each buffer's persistence and its local
+    /// metadata? Then its recorded copies are what torch's
+    /// `_load_from_state_dict` does now. Runs no code.
+    ///
+    /// # Safety
+    /// GIL held; `k`'s module alive.
+    pub unsafe fn still(&self, k: usize) -> bool {
+        let plan = &*self.plan;
+        let v = &plan.visits[k];
+        let c = &plan.modules[v.module as usize];
+        if !c.holds() || !hooks_empty(&v.hooks) || !crate::cpython::quiet::set(v.non_persistent) {
+            return false;
+        }
+        let start = if k == 0 {
+            0
+        } else {
+            plan.visits[k - 1].entries_end as usize
+        };
+        for i in start..v.entries_end as usize {
+            let e = &plan.entries[i];
+            if !e.buffer.is_null()
+                && (capi::PySet_Contains(v.non_persistent, e.buffer) == 1) == plan.persistent[i]
+            {
+                return false;
+            }
+        }
+        let md = self.metadata.as_ptr();
+        if md == capi::Py_None() {
+            return true;
+        }
+        let names = AssignNames::new(self.snapshot.py());
+        if !crate::state::load_state_dict::plain_mapping(self.g, md, names.get) {
+            return false;
+        }
+        let local = if dict_version(md) == self.md_version {
+            // The same entry as at the check (held by the unchanged dict).
+            v.local_seen.get().0
+        } else {
+            if !crate::cpython::str_keys::all_str(md) {
+                return false;
+            }
+            let l = capi::PyDict_GetItemWithError(md, v.metadata_key.as_ptr());
+            if l.is_null() && !capi::PyErr_Occurred().is_null() {
+                capi::PyErr_Clear();
+                return false;
+            }
+            l
+        };
+        copies_in_place(self.g, &names, local)
+    }
 }
 
 enum Check<'py> {
-    /// Everything matches: the (key, param, input) copies, in torch's order.
-    Pairs(Vec<CopyPair<'py>>),
+    /// Everything matches: the (key, param, input) copies, in torch's order,
+    /// and the end of each visit's in them.
+    Pairs(Vec<CopyPair<'py>>, Vec<u32>),
     /// The tree changed: drop the plan.
     Stale,
     /// The tree holds, but this call is not the plain case.
@@ -275,7 +456,7 @@ unsafe fn check<'py>(
         return Check::Differs;
     }
     for (v, c, _) in plan.visited() {
-        if !c.holds() || !hooks_empty(g, &v.hooks) {
+        if !c.holds() || !hooks_empty(&v.hooks) {
             return Check::Stale;
         }
     }
@@ -326,7 +507,16 @@ unsafe fn check<'py>(
         return Check::Differs;
     }
     let mut pairs = Vec::with_capacity(expected as usize);
-    for (e, &persistent) in plan.entries.iter().zip(&plan.persistent) {
+    let mut ends = Vec::with_capacity(plan.visits.len());
+    let mut visit_ends = plan
+        .visits
+        .iter()
+        .map(|v| v.entries_end as usize)
+        .peekable();
+    for (i, (e, &persistent)) in plan.entries.iter().zip(&plan.persistent).enumerate() {
+        while visit_ends.next_if(|&end| end <= i).is_some() {
+            ends.push(pairs.len() as u32);
+        }
         if !e.buffer.is_null() && !persistent {
             continue;
         }
@@ -348,7 +538,8 @@ unsafe fn check<'py>(
             Err(err) => return Check::Error(err),
         }
     }
-    Check::Pairs(pairs)
+    ends.extend(visit_ends.map(|_| pairs.len() as u32));
+    Check::Pairs(pairs, ends)
 }
 
 /// After a live load of `root` completed: record the walk, if a plan can
@@ -363,7 +554,7 @@ pub fn record(g: &Globals, orig: &Originals, root: &Bound<'_, PyAny>) {
     let r = root.as_ptr();
     if let Some((_, p)) = TABLE.find(|p| p.root == r) {
         if p.visited()
-            .all(|(v, c, _)| unsafe { c.holds() && hooks_empty(g, &v.hooks) })
+            .all(|(v, c, _)| unsafe { c.holds() && hooks_empty(&v.hooks) })
         {
             return;
         }
@@ -516,6 +707,8 @@ unsafe fn visit(
         hooks,
         non_persistent,
         metadata_key: metadata_key.unbind(),
+        prefix: prefix.clone().unbind(),
+        depth,
         local_seen: Cell::new((std::ptr::null_mut(), 0)),
     });
     visit_children(

@@ -15,12 +15,16 @@
 //! detaches, that every tensor is an exact `Tensor` or `Parameter` whose
 //! `detach` is torch's, with no torch function or dispatch mode active; the
 //! first difference hands the call to the live walk, which then records
-//! afresh. Then it builds the result: nothing it runs (dict and set
-//! operations on exact builtins with str keys, torch's C `detach`) can run
-//! Python code, and the cyclic GC is paused meanwhile so that no finalizer
-//! can either; so checking everything first is the same as torch's
-//! interleaving. (`detach` releases the GIL: the replay holds its own
-//! references to the plan and to every object it reads from then on.) The
+//! afresh. Then it builds the result from what the checks found; nothing it
+//! runs itself (dict and set operations on exact builtins with str keys,
+//! torch's C `detach`) runs Python code, but `detach` releases the GIL and
+//! any allocation may run a finalizer, so other code can change the tree
+//! meanwhile. The replay holds its own references to the plan and to every
+//! object it reads, and after the build checks every visit again: unchanged
+//! (versions are never reused), every read it made early is the read torch
+//! makes at that module; changed, the result is dropped unseen and the live
+//! walk answers (the order in which the whole call follows the change). The
+//! cyclic GC is not paused: other threads would see it off. The
 //! non-persistent sets are read as the walk goes, as torch does (their
 //! contents change without any version), each only while it holds exact
 //! strs alone (`crate::cpython::quiet::set`: else a lookup runs an
@@ -47,7 +51,7 @@ struct Visit {
     /// the previous visit's end).
     entries_end: u32,
     /// `_state_dict_pre_hooks`, `_state_dict_hooks` (empty when recorded).
-    hooks: [*mut capi::PyObject; 2],
+    hooks: crate::plans::visit::Hooks,
     /// `_non_persistent_buffers_set` (an exact set); null without buffers.
     non_persistent: *mut capi::PyObject,
     /// `self._version` (borrowed from the instance dict or the class).
@@ -150,7 +154,7 @@ pub fn replay<'py>(
         room_for(plan.max_depth)
             && plan.visited().all(|(v, c, entries)| {
                 c.holds()
-                    && hooks_empty(g, &v.hooks)
+                    && hooks_empty(&v.hooks)
                     && (keep
                         || entries
                             .iter()
@@ -189,10 +193,28 @@ pub fn replay<'py>(
             }
         }
     }
-    let gc = crate::cpython::gc::GcPause::new();
+    // No pause of the cyclic GC: `detach` lets other threads run, which
+    // would see it off. A finalizer or another thread that changes the tree
+    // meanwhile is found by the check after the build.
     let out = unsafe { build(py, g, &plan, keep) };
-    drop(gc);
+    // torch's walk reads each module's registries and hook dicts when it
+    // reaches the module; the build used what the checks above found. The
+    // same objects at the same versions now (nothing changed in between:
+    // versions are never reused) make the two the same; anything changed
+    // while `detach` let other code run sends the call to the live walk, as
+    // if it had run after that change (the detached tensors are dropped
+    // unseen: no mode was active to see them made).
+    // SAFETY: in visit order, each module dereferenced only after its
+    // holder was found unchanged; the plan is our own reference.
+    let still = unsafe {
+        plan.visited()
+            .all(|(v, c, _)| c.holds() && hooks_empty(&v.hooks))
+    };
     drop(held);
+    if !still {
+        TABLE.forget_plan(&plan);
+        return None;
+    }
     match out {
         Ok(Some(d)) => {
             TABLE.note_replay();

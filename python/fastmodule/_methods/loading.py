@@ -115,8 +115,11 @@ def _load_state_dict(
     errors: list[str] = []
     metadata = getattr(state_dict, "_metadata", None)
     # An unchanged tree whose dict holds exactly its keys: copied from the
-    # recorded walk, reading the caller's dict (no hook sees torch's copy).
-    if not _core.load_replay(self, state_dict, metadata, assign, errors):
+    # recorded walk, reading the caller's dict (no hook sees torch's copy);
+    # a module changed meanwhile (copy_ lets other threads run) loads live.
+    if not _core.load_replay(
+        self, state_dict, metadata, assign, missing, unexpected, errors, texts["post_hook"]
+    ):
         # A copy, as torch makes: _load_from_state_dict may edit it.
         root = OrderedDict(state_dict)
         if metadata is not None:
