@@ -25,7 +25,7 @@ TORCH := $(TORCH_LATEST)
 
 .PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
 	bench bench-instructions lint check-py314 wheels check-wheels gpu-check gpu-check-dry \
-	gpu-check-bundle test-aarch64 clean
+	gpu-check-bundle test-aarch64 test-py314 clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -108,6 +108,15 @@ test-debug: build-prod
 # or summarised without failing.
 test-memcheck: build-prod
 	bash tests/memcheck/run.sh $(VPY)
+
+# The whole suite and the repros on CPython 3.14 with the latest torch, in a Debian root
+# holding forky's python3.14 (built once under ~/.cache/fastmodule and reused; torch
+# and the test tools downloaded by the host's pip for cp314 and installed inside). Needs
+# root, debootstrap and unshare (scripts/py314/lane.sh says what each phase does).
+# DEBUG=1: the suite under the debug allocator and development mode, as CI's cells.
+test-py314: setup
+	@TESTS="$(TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) DEBUG=$(DEBUG) VENV=$(VENV) \
+		REPROS=$(REPROS) TOOLS='$(TEST_TOOLS)' bash scripts/py314/lane.sh
 
 bench: build-prod
 	@$(VPY) -m fastmodule bench

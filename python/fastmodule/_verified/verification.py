@@ -45,6 +45,7 @@ __all__ = [
     "LAYER_FUNCTIONS",
     "METHOD_PATHS",
     "SUPPORTED_PYTHON",
+    "UNVERIFIED_ENV_VAR",
     "all_functions",
     "display",
     "fingerprint",
@@ -204,10 +205,18 @@ def all_functions() -> list[str]:
     return sorted({f for group in groups for f in group})
 
 
+#: Set (``1``/``true``/``yes``/``on``) when fastmodule is imported: the running
+#: interpreter is treated as one fastmodule did not verify, so the process runs the
+#: stock fallback an unknown CPython gets (how the test suite checks that mode).
+UNVERIFIED_ENV_VAR = "FASTMODULE_UNVERIFIED"
+
+
 @functools.cache
 def interpreter_problem() -> str | None:
     """Why this interpreter is not one fastmodule verified, or None if it is
     (answered once: at import)."""
+    if os.environ.get(UNVERIFIED_ENV_VAR, "").strip().lower() in {"1", "true", "yes", "on"}:
+        return f"{UNVERIFIED_ENV_VAR} is set: this interpreter is treated as unverified"
     impl = sys.implementation.name
     if impl != "cpython":
         return f"{impl} is not CPython"
