@@ -53,6 +53,9 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
         });
     }
     cpython::quiet::init(py)?;
+    // A layout it cannot confirm leaves the keys' byte matching off (slower,
+    // the same answers).
+    let _ = cpython::strs::init(py);
     // No free dict-watcher slot: caches and plans stay off (see `cache_validity`).
     let _ = cpython::validity::init(py);
     torch_api::originals::init(py, fast_module)?;
@@ -209,6 +212,14 @@ fn is_quiet(obj: &Bound<'_, PyAny>) -> bool {
 #[pyfunction]
 fn quiet_dicts_known() -> bool {
     cpython::quiet::known()
+}
+
+/// Did the import-time check of a compact ASCII str's layout succeed (always
+/// true where pyo3 describes it)? If not, state-dict keys are matched as strs
+/// rather than as bytes.
+#[pyfunction]
+fn ascii_layout_known() -> bool {
+    cpython::strs::known()
 }
 
 /// Find where CPython keeps this thread's profile and trace functions; the
@@ -409,7 +420,12 @@ fn init_load(config: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
     state::load_state_dict::init(config)
 }
 
-#[pymodule]
+/// The module declares that it does not need the GIL (pyo3's default, spelt
+/// out): on a free-threaded CPython importing it must not switch the GIL back
+/// on. Nothing native is used there (the interpreter is refused at import,
+/// `fastmodule._verified.verification.interpreter_problem`), so nothing relies
+/// on the GIL's exclusion.
+#[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(clear_plans, m)?)?;
@@ -454,6 +470,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tracer_check_known, m)?)?;
     m.add_function(wrap_pyfunction!(set_tracer_check, m)?)?;
     m.add_function(wrap_pyfunction!(quiet_dicts_known, m)?)?;
+    m.add_function(wrap_pyfunction!(ascii_layout_known, m)?)?;
     m.add_class::<walk::named_modules::NamedModules>()?;
     m.add_class::<walk::named_members::NamedMembers>()?;
     m.add_class::<walk::children::NamedChildren>()?;

@@ -84,7 +84,9 @@ LIBRARY_PATCHES = {
 }
 # Python's own caches, also put back quietly: copyreg's slot names (first pickle, copy
 # or swap of an instance) and the warnings module's once-per-location registry.
-PYTHON_CACHES = {"__slotnames__", "__warningregistry__"}
+# (3.14 keeps a class's evaluated annotations in its dict as ``__annotations_cache__``,
+# PEP 649/749: written by the first ``__annotations__`` read, not by the test.)
+PYTHON_CACHES = {"__slotnames__", "__warningregistry__", "__annotations_cache__"}
 
 
 def stock_module_classes() -> Iterator[type]:

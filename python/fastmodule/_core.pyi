@@ -153,6 +153,10 @@ def is_quiet(obj: object) -> bool:
 def quiet_dicts_known() -> bool:
     """Did the import-time check of CPython's dict key-table layout succeed?"""
 
+def ascii_layout_known() -> bool:
+    """Did the import-time check of a compact ASCII str's layout succeed (state_dict
+    keys matched as bytes; else as strs)?"""
+
 def locate_tracer_fields(profile: object, trace: object) -> bool:
     """From a fresh thread that just set both: find the thread state's tracer fields."""
 

@@ -73,7 +73,12 @@ def _interpreter_rows() -> list[PathStatus]:
     if not NATIVE:
         rows.append(PathStatus("quiet dicts", False, "not checked"))
     elif _core.quiet_dicts_known():
-        rows.append(PathStatus("quiet dicts", True, "dict key-table layout recognised"))
+        strs = (
+            "compact ASCII str layout recognised"
+            if _core.ascii_layout_known()
+            else "compact ASCII str layout not recognised: state_dict keys matched as strs"
+        )
+        rows.append(PathStatus("quiet dicts", True, f"dict key-table layout recognised; {strs}"))
     else:
         detail = "dict key-table layout not recognised: every lookup is left to torch's code"
         rows.append(PathStatus("quiet dicts", False, detail, unverified=True))

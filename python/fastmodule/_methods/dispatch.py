@@ -200,12 +200,12 @@ def _same_in_torch(func: types.FunctionType) -> bool:
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
 #: The versions whose bytecode :func:`_global_names` reads itself (checked against
 #: ``dis`` for every code object of torch on each).
-_BYTECODE_KNOWN = (3, 11) <= sys.version_info[:2] <= (3, 13)
+_BYTECODE_KNOWN = (3, 11) <= sys.version_info[:2] <= (3, 14)
 
 
 def _global_names(code: types.CodeType) -> list[str]:
     """The names ``code``'s ``LOAD_GLOBAL`` instructions read, in order: what
-    ``dis.get_instructions`` reports as their ``argval`` (on CPython 3.11-3.13 the
+    ``dis.get_instructions`` reports as their ``argval`` (on CPython 3.11-3.14 the
     argument's upper bits index ``co_names``), read from the bytecode without
     building ``dis``'s instruction objects, which took half of ``import fastmodule``.
     Another CPython may lay its bytecode out otherwise: there ``dis`` answers."""

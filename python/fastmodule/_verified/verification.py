@@ -13,7 +13,7 @@ before ``import fastmodule`` is not taken for torch's.
 A path whose functions do not all match stays torch's: ``fastmodule.Module``
 and accelerated classes run torch's own code for it, exactly as stock.
 Likewise on an interpreter fastmodule was not verified on (other than CPython
-3.11-3.13 with the GIL) no native path is switched on at all.
+3.11-3.14 with the GIL) no native path is switched on at all.
 ``fastmodule.diagnostics()`` lists what is on and why anything is off;
 ``import fastmodule`` warns once (``fastmodule.UnverifiedWarning``) naming what it
 could not verify.
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: CPython versions whose internals the native core was verified against.
-SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
+SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13), (3, 14))
 
 
 _MODULE = "torch.nn.modules.module:Module."
