@@ -72,6 +72,7 @@ impl Originals {
     const CALL: usize = 0;
     const CALL_IMPL: usize = 1;
     const GETATTR: usize = 2;
+    const SETATTR: usize = 3;
 
     /// The functions whose bodies are captured, by index.
     fn bodies_of(&self) -> [*mut capi::PyObject; 9] {
@@ -112,6 +113,13 @@ impl Originals {
     #[inline(always)]
     pub fn getattr_intact(&self) -> bool {
         self.body_intact(Self::GETATTR)
+    }
+
+    /// `__setattr__`, which the native assignments (and the `training`
+    /// rebinding of a replayed `train()`) reproduce, intact.
+    #[inline(always)]
+    pub fn setattr_intact(&self) -> bool {
+        self.body_intact(Self::SETATTR)
     }
 
     /// `_wrapped_call_impl` and `_call_impl`, which the native module call
