@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 import torch.nn.modules.module as module_py
 from torch import nn
 
@@ -194,3 +195,142 @@ def test_replaced_setattr_is_never_replayed_and_restored_is_again() -> None:
             m.eval()
         assert _core.eager_plan_stats()[1] > before
         assert [x.training for x in m.modules()] == [False] * 5
+
+
+# --- 35: a registration's hasattr miss reads type(self).__name__ ---------------------
+
+
+class Counting(type(nn.Module)):  # type: ignore[misc]
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        LOG.append("__name__")
+        return "Counted"
+
+
+class Raising(type(nn.Module)):  # type: ignore[misc]
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        LOG.append("__name__")
+        raise RuntimeError("metaclass __name__ raised")
+
+
+class RaisingAttributeError(type(nn.Module)):  # type: ignore[misc]
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        LOG.append("__name__")
+        raise AttributeError("no name")
+
+
+class NotAStr(type(nn.Module)):  # type: ignore[misc]
+    @property
+    def __name__(cls) -> Any:  # type: ignore[override]
+        LOG.append("__name__")
+        return 42
+
+
+class Routing(type(nn.Module)):  # type: ignore[misc]
+    def __getattribute__(cls, name: str) -> Any:
+        if name == "__name__":
+            LOG.append("meta __getattribute__")
+        return type.__getattribute__(cls, name)
+
+
+class WithGetattr(type(nn.Module)):  # type: ignore[misc]
+    def __getattr__(cls, name: str) -> Any:
+        LOG.append(("meta __getattr__", name))
+        raise AttributeError(name)
+
+
+class LoggedName(str):
+    def __format__(self, spec: str) -> str:
+        LOG.append("__format__")
+        return str.__format__(self, spec)
+
+
+LOG: list[Any] = []
+
+METACLASSES = {
+    "type": type,
+    "plain_subclass": type("PlainMeta", (type,), {}),
+    "counting": Counting,
+    "raising": Raising,
+    "raising_attribute_error": RaisingAttributeError,
+    "not_a_str": NotAStr,
+    "routing": Routing,
+    "with_getattr": WithGetattr,
+}
+
+REGISTRATIONS: dict[str, Callable[[nn.Module], Any]] = {
+    "assign_parameter": lambda m: setattr(m, "p", nn.Parameter(torch.zeros(1))),
+    "assign_parameter_twice": lambda m: (
+        setattr(m, "p", nn.Parameter(torch.zeros(1))),
+        setattr(m, "p", nn.Parameter(torch.ones(1))),
+    ),
+    "register_parameter": lambda m: m.register_parameter("q", nn.Parameter(torch.zeros(1))),
+    "register_parameter_none": lambda m: m.register_parameter("q", None),
+    "register_buffer": lambda m: m.register_buffer("b", torch.zeros(1)),
+    "register_buffer_non_persistent": lambda m: m.register_buffer(
+        "b", torch.zeros(1), persistent=False
+    ),
+    "add_module": lambda m: m.add_module("c", nn.Linear(1, 1)),
+    "register_module": lambda m: m.register_module("c", nn.Linear(1, 1)),
+    # No hasattr in torch's code here: the metaclass must not run either.
+    "assign_module": lambda m: setattr(m, "c", nn.Linear(1, 1)),
+    "assign_plain": lambda m: setattr(m, "x", 1),
+    "hasattr": lambda m: hasattr(m, "missing"),
+    "getattr_default": lambda m: getattr(m, "missing", "default"),
+}
+
+
+@pytest.mark.parametrize("meta", list(METACLASSES))
+@pytest.mark.parametrize("op", list(REGISTRATIONS))
+@pytest.mark.parametrize("name", ["plain", "str_subclass"])
+def test_registration_miss_reads_class_name(meta: str, op: str, name: str) -> None:
+    def make(side: str) -> nn.Module:
+        cls = METACLASSES[meta]("Owner", (base_of(side),), {})
+        if name == "str_subclass":
+            # Through type's own setter: a metaclass property may shadow it.
+            type.__dict__["__name__"].__set__(cls, LoggedName("Owner"))
+        return cls()
+
+    def body(m: nn.Module) -> Any:
+        LOG.clear()
+        try:
+            return outcome(lambda: REGISTRATIONS[op](m)), list(LOG), registries(m)
+        finally:
+            LOG.clear()
+
+    result = on_each_side(make, body)
+    if meta == "counting" and op.startswith(("assign_parameter", "register_", "add_")):
+        # Each registration misses once (the second assignment finds `p`).
+        assert result[1][1] == ["__name__"]
+
+
+def registries(m: nn.Module) -> tuple[list[str], ...]:
+    d = m.__dict__
+    return list(d["_parameters"]), list(d["_buffers"]), list(d["_modules"])
+
+
+def test_registration_miss_after_metaclass_gains_name_property() -> None:
+    """A metaclass that gains a ``__name__`` property (through a new base) after the
+    class was used is seen at the next registration."""
+
+    def make(side: str) -> nn.Module:
+        meta = type("LateMeta", (type,), {})
+        return meta("Owner", (base_of(side),), {})()
+
+    def body(m: nn.Module) -> Any:
+        meta = type(type(m))
+        m.register_buffer("a", torch.zeros(1))
+        log: list[str] = []
+        # `meta.__name__ = ...` would rename the metaclass (type's setter wins).
+        named = type("Named", (type,), {"__name__": property(lambda c: log.append("read") or "L")})
+        meta.__bases__ = (named,)
+        try:
+            m.register_buffer("b", torch.zeros(1))
+            m.c = nn.Parameter(torch.zeros(1))
+            return log, registries(m)
+        finally:
+            meta.__bases__ = (type,)
+
+    assert on_each_side(make, body)[1][0] == ["read", "read"]

@@ -63,6 +63,9 @@ pub struct Originals {
     pub register_module: *mut capi::PyObject,
     pub object_getattribute: *mut capi::PyObject,
     pub object_class: *mut capi::PyObject,
+    /// `type.__dict__["__name__"]`: what `type(obj).__name__` calls when the
+    /// metaclass resolves `__name__` to it (a getter that runs no code).
+    pub type_name: *mut capi::PyObject,
     /// The bodies of the Python functions above, as captured at import, in
     /// [`Originals::BODIES`]' order (see [`Originals::intact`]).
     pub bodies: [Option<Body>; 9],
@@ -261,6 +264,10 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         register_module: class_entry(&nn_module, "register_module")?,
         object_getattribute: class_entry(&object, "__getattribute__")?,
         object_class: class_entry(&object, "__class__")?,
+        type_name: class_entry(
+            &builtins.getattr("type")?.cast_into::<PyType>()?,
+            "__name__",
+        )?,
         bodies: Default::default(),
     };
     let mut orig = orig;
