@@ -334,3 +334,151 @@ def test_registration_miss_after_metaclass_gains_name_property() -> None:
             meta.__bases__ = (type,)
 
     assert on_each_side(make, body)[1][0] == ["read", "read"]
+
+
+# --- 36: __getattribute__ gained or lost in the middle of a walk -----------------------
+
+
+def ga_tree(side: str) -> nn.Module:
+    """``M(nn.Module, Mixin)`` four deep, each with a Linear and a buffer; the classes
+    are the tree's own (``type(m).Mixin``, ``type(m).M``)."""
+
+    class Mixin:
+        pass
+
+    class M(base_of(side), Mixin):  # type: ignore[misc]
+        def __init__(self, depth: int = 3) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("buf", torch.zeros(1))
+            if depth:
+                self.sub = M(depth - 1)
+
+    M.Mixin, M.M = Mixin, M  # type: ignore[attr-defined]
+    return M()
+
+
+def logging_getattribute(log: list[Any]) -> Callable[[Any, str], Any]:
+    def __getattribute__(self: Any, name: str) -> Any:
+        if name in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+            log.append(name)
+        return object.__getattribute__(self, name)
+
+    return __getattribute__
+
+
+def change(m: nn.Module, target: str, log: list[Any]) -> None:
+    cls = type(m).M  # type: ignore[attr-defined]
+    mixin = type(m).Mixin  # type: ignore[attr-defined]
+    if target == "mixin_gains":
+        mixin.__getattribute__ = logging_getattribute(log)
+    elif target == "class_gains":
+        cls.__getattribute__ = logging_getattribute(log)
+    else:
+        del mixin.__getattribute__
+
+
+WALKS: dict[str, Callable[[nn.Module], Iterator[Any]]] = {
+    "named_parameters": lambda m: m.named_parameters(),
+    "named_parameters_all": lambda m: m.named_parameters(remove_duplicate=False),
+    "named_parameters_prefix": lambda m: m.named_parameters(prefix="root"),
+    "parameters": lambda m: m.parameters(),
+    "named_buffers": lambda m: m.named_buffers(),
+    "buffers": lambda m: m.buffers(),
+    "named_modules": lambda m: m.named_modules(),
+    "modules": lambda m: m.modules(),
+    "children": lambda m: m.children(),
+    "named_children": lambda m: m.named_children(),
+}
+
+
+@pytest.mark.parametrize("walk", list(WALKS))
+@pytest.mark.parametrize("target", ["mixin_gains", "class_gains", "mixin_loses"])
+@pytest.mark.parametrize("at", [0, 1, 4])
+@pytest.mark.parametrize("warm", [True, False], ids=["replayed", "first_walk"])
+def test_getattribute_changed_mid_walk(walk: str, target: str, at: int, warm: bool) -> None:
+    def body(m: nn.Module) -> Any:
+        log: list[Any] = []
+        if target == "mixin_loses":
+            type(m).Mixin.__getattribute__ = logging_getattribute(log)  # type: ignore[attr-defined]
+        if warm:
+            for _ in range(3):
+                list(WALKS[walk](m))
+        log.clear()
+        out = []
+        for i, x in enumerate(WALKS[walk](m)):
+            out.append(x[0] if isinstance(x, tuple) else type(x).__name__)
+            if i == at:
+                change(m, target, log)
+        return out, log
+
+    result = on_each_side(ga_tree, body)
+    if walk == "named_parameters" and target == "mixin_gains" and at == 1:
+        # The repro: every later M's registries, through the new __getattribute__.
+        assert result[1][1] == ["_parameters", "_modules"] * 3
+
+
+@pytest.mark.parametrize("target", ["mixin_gains", "class_gains"])
+@pytest.mark.parametrize("hook", ["pre", "post"])
+def test_getattribute_gained_in_state_dict_hook(target: str, hook: str) -> None:
+    def body(m: nn.Module) -> Any:
+        for _ in range(3):
+            m.state_dict()
+        log: list[Any] = []
+        sub = m.sub  # type: ignore[attr-defined]
+        if hook == "pre":
+            sub.register_state_dict_pre_hook(lambda *a: change(m, target, log))
+        else:
+            sub.lin._register_state_dict_hook(lambda *a: change(m, target, log))
+        first = list(m.state_dict())
+        second = list(m.state_dict())
+        return first, second, log
+
+    on_each_side(ga_tree, body)
+
+
+WHOLE_TREE: dict[str, Callable[[nn.Module, dict[str, Any]], Any]] = {
+    "load_state_dict": lambda m, sd: m.load_state_dict(sd),
+    "load_state_dict_assign": lambda m, sd: m.load_state_dict(sd, assign=True),
+    "zero_grad": lambda m, sd: m.zero_grad(),
+    "requires_grad_": lambda m, sd: m.requires_grad_(True),
+    "to": lambda m, sd: m.to(torch.float32),
+}
+
+
+@pytest.mark.parametrize(
+    ("op", "trigger"),
+    [(op, "torch_function") for op in WHOLE_TREE]
+    + [(op, "load_pre_hook") for op in WHOLE_TREE if op.startswith("load")],
+)
+def test_getattribute_gained_mid_whole_tree_call(op: str, trigger: str) -> None:
+    """User code in the middle of a whole-tree call (a parameter's
+    ``__torch_function__``, a load pre-hook) gives a mixin ``__getattribute__``: the
+    later modules' registries are read through it, as torch's recursion reads them."""
+
+    def body(m: nn.Module) -> Any:
+        log: list[Any] = []
+        mixin = type(m).Mixin  # type: ignore[attr-defined]
+
+        def gain(*args: Any) -> None:
+            if "__getattribute__" not in vars(mixin):
+                change(m, "mixin_gains", log)
+
+        sub = m.sub  # type: ignore[attr-defined]
+        if trigger == "torch_function":
+
+            class Param(nn.Parameter):
+                @classmethod
+                def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                    gain()
+                    return super().__torch_function__(func, types, args, kwargs or {})
+
+            sub.lin.weight = Param(sub.lin.weight.detach())
+        else:
+            sub.lin.register_load_state_dict_pre_hook(gain)
+        sd = {k: v.clone() for k, v in m.state_dict().items()}
+        log.clear()
+        result = outcome(lambda: WHOLE_TREE[op](m, sd))
+        return result[0], log
+
+    on_each_side(ga_tree, body)
