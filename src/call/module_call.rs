@@ -36,6 +36,7 @@ enum Decision {
 #[derive(Clone, Copy)]
 pub enum Why {
     NoInstanceDict,
+    UnusualClassDict,
     CallImplOverridden,
     GetattributeOverridden,
     Compiled,
@@ -58,6 +59,10 @@ impl Why {
     pub fn text(self) -> &'static str {
         match self {
             Why::NoInstanceDict => "the module has no instance __dict__",
+            Why::UnusualClassDict => {
+                "a class in its MRO has a key that is not a str in its __dict__ (a lookup \
+                 there may run that key's __eq__)"
+            }
             Why::CallImplOverridden => "its class overrides _call_impl",
             Why::GetattributeOverridden => "its class overrides __getattribute__",
             Why::Compiled => "module.compile() was used on it",
@@ -120,7 +125,11 @@ unsafe fn resolve(
         return Err(Decision::Stock(Why::NoInstanceDict));
     }
     let n = &g.names;
-    if type_lookup(tp, n.call_impl) != g.orig.call_impl {
+    let call_impl = type_lookup(tp, n.call_impl);
+    if call_impl == crate::cpython::type_cache::unknown() {
+        return Err(Decision::Stock(Why::UnusualClassDict));
+    }
+    if call_impl != g.orig.call_impl {
         return Err(Decision::Stock(Why::CallImplOverridden));
     }
     if type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute {
