@@ -99,17 +99,21 @@ unsafe fn miss_message(
     name: *mut capi::PyObject,
 ) -> *mut capi::PyObject {
     let slot = ((tname as usize >> 4) ^ (name as usize >> 4).rotate_left(3)) % MISS_SLOTS;
-    // SAFETY: the GIL is held (see `Misses`); nothing below runs Python code
-    // while the reference is alive (formatting exact strs, freeing strs).
-    let entry = &mut (*MISSES.0.get())[slot];
-    if entry[0] == tname && entry[1] == name {
-        capi::Py_INCREF(entry[2]);
-        return entry[2];
+    // SAFETY: the GIL is held (see `Misses`).
+    let hit = (*MISSES.0.get())[slot];
+    if hit[0] == tname && hit[1] == name {
+        capi::Py_INCREF(hit[2]);
+        return hit[2];
     }
+    // Building the message allocates: on 3.11 the cyclic GC may run a
+    // finalizer there, which may miss an attribute too and fill this slot.
     let msg = join(g, &miss_parts(tname, name));
     if msg.is_null() {
         return msg;
     }
+    // SAFETY: as above; taken after `join`, and nothing below runs Python
+    // code while it is alive (freeing the strs of the old entry runs none).
+    let entry = &mut (*MISSES.0.get())[slot];
     let old = *entry;
     capi::Py_INCREF(tname);
     capi::Py_INCREF(name);
