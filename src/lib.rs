@@ -56,6 +56,7 @@ fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>, off: Vec<String>) -> Py
     // A layout it cannot confirm leaves the keys' byte matching off (slower,
     // the same answers).
     let _ = cpython::strs::init(py);
+    cpython::type_cache::init(py)?;
     // No free dict-watcher slot: caches and plans stay off (see `cache_validity`).
     let _ = cpython::validity::init(py);
     torch_api::originals::init(py, fast_module)?;
@@ -177,7 +178,14 @@ fn call_handover(module: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
         // `_wrapped_call_impl` reaches fastmodule's entry point for fast instances.
         let slot = call::slots::current(g, tp).call;
         if !slot {
-            if cpython::type_cache::type_lookup(tp, g.names.dunder_call) != g.orig.call {
+            let call = cpython::type_cache::type_lookup(tp, g.names.dunder_call);
+            if call == cpython::type_cache::unknown() {
+                return Ok(Some(
+                    "a class in its MRO has a key that is not a str in its __dict__ (a lookup \
+                     there may run that key's __eq__)",
+                ));
+            }
+            if call != g.orig.call {
                 return Ok(Some("its class defines its own __call__"));
             }
             if !instance::fast::is_fast_instance(g, obj) {

@@ -60,8 +60,28 @@ pub fn init(py: Python<'_>, classify: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// What the Python function `func` (a class's `forward`) needs, when that is
+/// known without running Python code (remembered for its code object, or
+/// before `init`); None when only [`of`] can tell.
+#[inline(always)]
+pub unsafe fn known(func: *mut capi::PyObject) -> Option<Frames> {
+    if SUPPORT.get().is_none() {
+        return Some(Frames::None);
+    }
+    let code = capi::PyFunction_GetCode(func);
+    if code.is_null() {
+        capi::PyErr_Clear();
+        return None;
+    }
+    let memo = (*MEMO.0.get()).as_ref()?;
+    memo.get(&(code as usize)).map(|&(_, f)| f)
+}
+
 /// What the Python function `func` (a class's `forward`) needs; Err(()) with
-/// a Python exception set if asking failed. Before `init`: nothing.
+/// a Python exception set if asking failed. Before `init`: nothing. Asking
+/// about a new code object runs Python code (the classifier; and any
+/// allocation may run the cyclic GC's finalizers): a caller holding
+/// borrowed pointers asks [`known`] first.
 pub unsafe fn of(func: *mut capi::PyObject) -> Result<Frames, ()> {
     let Some(s) = SUPPORT.get() else {
         return Ok(Frames::None);

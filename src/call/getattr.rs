@@ -128,7 +128,9 @@ pub unsafe fn has_attr(
         }
         return match registry_get(g, obj, name) {
             Reg::Found(_) => Ok(true),
-            Reg::Missing => Ok(false),
+            // torch's `__getattr__` would build its message (reading the
+            // class name) before the raise `hasattr` catches.
+            Reg::Missing => crate::torch_api::errors::missed(g, obj, name).map(|()| false),
             Reg::Error => Err(()),
             Reg::Unusual => {
                 // torch's own __getattr__ decides; only AttributeError means "no".

@@ -36,6 +36,7 @@ enum Decision {
 #[derive(Clone, Copy)]
 pub enum Why {
     NoInstanceDict,
+    UnusualClassDict,
     CallImplOverridden,
     GetattributeOverridden,
     Compiled,
@@ -58,6 +59,10 @@ impl Why {
     pub fn text(self) -> &'static str {
         match self {
             Why::NoInstanceDict => "the module has no instance __dict__",
+            Why::UnusualClassDict => {
+                "a class in its MRO has a key that is not a str in its __dict__ (a lookup \
+                 there may run that key's __eq__)"
+            }
             Why::CallImplOverridden => "its class overrides _call_impl",
             Why::GetattributeOverridden => "its class overrides __getattribute__",
             Why::Compiled => "module.compile() was used on it",
@@ -120,7 +125,11 @@ unsafe fn resolve(
         return Err(Decision::Stock(Why::NoInstanceDict));
     }
     let n = &g.names;
-    if type_lookup(tp, n.call_impl) != g.orig.call_impl {
+    let call_impl = type_lookup(tp, n.call_impl);
+    if call_impl == crate::cpython::type_cache::unknown() {
+        return Err(Decision::Stock(Why::UnusualClassDict));
+    }
+    if call_impl != g.orig.call_impl {
         return Err(Decision::Stock(Why::CallImplOverridden));
     }
     if type_lookup(tp, n.dunder_getattribute) != g.orig.object_getattribute {
@@ -336,6 +345,14 @@ enum Stop {
 /// A class function `forward` just found for a native call: the call cache
 /// remembers it, with what it needs of torch's call frames (its entry, or
 /// null); Err before any code of the call ran.
+///
+/// `forward` (borrowed from the class), `dict` and `hooks` (borrowed from
+/// the instance) are read while no code ran since the decision. A code
+/// object not classified yet is classified here by Python code, during
+/// which a finalizer (the cyclic GC runs on allocations) may change the
+/// class or the instance dict and free what was read: then the call hands
+/// over to torch's `_wrapped_call_impl`, which reads everything afresh, and
+/// nothing read before is used (the next call finds the answer remembered).
 unsafe fn remember_forward(
     slf: *mut capi::PyObject,
     tp: *mut capi::PyTypeObject,
@@ -344,7 +361,10 @@ unsafe fn remember_forward(
     forward: *mut capi::PyObject,
     hooked: bool,
 ) -> Result<*mut crate::call::call_cache::Entry, Stop> {
-    let frames = crate::call::frames::of(forward).map_err(|()| Stop::Raised)?;
+    let Some(frames) = crate::call::frames::known(forward) else {
+        crate::call::frames::of(forward).map_err(|()| Stop::Raised)?;
+        return Err(Stop::HandOver);
+    };
     let entry = crate::call::call_cache::store(tp, dict, *hooks, forward, frames);
     if crate::call::frames::needed(frames, slf, hooked) {
         return Err(Stop::HandOver);
@@ -462,6 +482,11 @@ unsafe fn call_hooked(
     cached: Option<(*mut capi::PyObject, Frames)>,
 ) -> Option<*mut capi::PyObject> {
     let s = hook_support::get()?;
+    // What the decision found of the hook registries, keyed now, while no
+    // code ran since it was read (`Instance` re-reads them once their key no
+    // longer matches): reading `forward` below, a classification and the
+    // argument tuple and dict (allocations, so finalizers) may run code.
+    let instance = crate::call::hooks_dispatch::Instance::new(slf, tp, dict, *hooks);
     let forward = match cached {
         Some((f, frames)) => {
             if crate::call::frames::needed(frames, slf, true) {
@@ -488,7 +513,6 @@ unsafe fn call_hooked(
     let Ok((a, k)) = args.tuple_and_dict() else {
         return Some(std::ptr::null_mut());
     };
-    let instance = crate::call::hooks_dispatch::Instance::new(slf, tp, dict, *hooks);
     Some(crate::call::hooks_dispatch::call(
         s, &instance, forward, a, k,
     ))

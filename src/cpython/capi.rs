@@ -16,6 +16,7 @@ pub use pyo3::ffi::{
 /// Type objects (addresses compared with `Py_TYPE`).
 pub use pyo3::ffi::{
     PyBaseObject_Type, PyDict_Type, PyGetSetDescr_Type, PyMethodDescr_Type, PyTuple_Type,
+    PyType_Type,
 };
 
 /// Exception types.
@@ -56,5 +57,6 @@ pub use pyo3::ffi::{
     PyFunction_GetKwDefaults, PyList_SET_ITEM, PyLong_AsLongLong, PyLong_CheckExact,
     PyLong_FromLongLong, PyModule_CheckExact, PyNumber_Float, PyNumber_TrueDivide,
     PyObject_CallMethodNoArgs, PyObject_CallMethodOneArg, PyObject_Size, PyObject_Str,
-    PyObject_VectorcallMethod, PySet_Add, PySet_New, PyTuple_CheckExact, PyUnicode_FromFormat,
+    PyObject_VectorcallMethod, PySet_Add, PySet_New, PyTuple_CheckExact, PyType_GetName,
+    PyUnicode_FromFormat,
 };

@@ -72,10 +72,16 @@ pub unsafe fn base(tp: *mut PyTypeObject) -> *mut PyTypeObject {
 
 /// `super(start, obj).<name>` for an instance `obj` of `tp`, as a class
 /// attribute: what the first class after `start` in `tp`'s MRO holds in its
-/// own dict under `name` (borrowed; null when none has it). None when `start`
-/// is not in the MRO, or a class after it is a static type other than
-/// `object` (its dict is not read here). Runs no code: class dicts have only
-/// `str` keys and `name` is an exact `str`.
+/// own dict under `name` (borrowed, for an identity comparison; null when
+/// none has it). None when `start` is not in the MRO, a class after it is a
+/// static type other than `object` (its dict is not read here), or a class
+/// dict there has a key that is not an exact `str`: looking `name` up in it
+/// could call that key's `__eq__`, which `super()` in torch's code runs on
+/// every call and a native path would skip. So no lookup here runs code.
+///
+/// The MRO and each class read from it are held for the loop anyway, as
+/// CPython's `super()` holds them: `tp.__bases__` may be reassigned (freeing
+/// the old MRO) by any code a future change lets run in between.
 pub unsafe fn lookup_after(
     tp: *mut PyTypeObject,
     start: *mut PyTypeObject,
@@ -85,18 +91,20 @@ pub unsafe fn lookup_after(
     if mro.is_null() || ffi::PyTuple_Check(mro) == 0 {
         return None;
     }
-    let n = ffi::PyTuple_GET_SIZE(mro);
-    let from = (0..n).find(|&i| ffi::PyTuple_GET_ITEM(mro, i) == start.cast())? + 1;
+    let mro = super::Owned::new_ref(mro);
+    let n = ffi::PyTuple_GET_SIZE(mro.as_ptr());
+    let from = (0..n).find(|&i| ffi::PyTuple_GET_ITEM(mro.as_ptr(), i) == start.cast())? + 1;
     for i in from..n {
-        let k = ffi::PyTuple_GET_ITEM(mro, i) as *mut PyTypeObject;
-        if k == object_type() {
-            return Some(super::type_cache::type_lookup(k, name));
+        let k = super::Owned::new_ref(ffi::PyTuple_GET_ITEM(mro.as_ptr(), i));
+        let tk = k.as_ptr() as *mut PyTypeObject;
+        if tk == object_type() {
+            return Some(super::type_cache::type_lookup(tk, name));
         }
-        if ffi::PyType_GetFlags(k) & ffi::Py_TPFLAGS_HEAPTYPE == 0 {
+        if ffi::PyType_GetFlags(tk) & ffi::Py_TPFLAGS_HEAPTYPE == 0 {
             return None;
         }
-        let d = (*k).tp_dict;
-        if d.is_null() || ffi::PyDict_CheckExact(d) == 0 {
+        let d = (*tk).tp_dict;
+        if d.is_null() || ffi::PyDict_CheckExact(d) == 0 || !super::str_keys::all_str(d) {
             return None;
         }
         let v = ffi::PyDict_GetItemWithError(d, name);

@@ -334,7 +334,9 @@ mod dicts {
     unsafe fn set_dict_to_itself(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) {
         let t = &mut *TABLE.0.get();
         let name = t.dunder_dict;
-        let descr = crate::cpython::private_api::_PyType_Lookup(ffi::Py_TYPE(obj), name);
+        // `type_lookup` runs no code (a class dict with a key that is not a
+        // str gives its "unknown", not a getset: the dict is distrusted).
+        let descr = crate::cpython::type_cache::type_lookup(ffi::Py_TYPE(obj), name);
         let getset = std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type);
         let ok = !descr.is_null()
             && ffi::Py_TYPE(descr) == getset

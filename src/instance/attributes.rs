@@ -204,7 +204,9 @@ pub unsafe fn class_data_descr(
         return None;
     }
     let descr = type_lookup(tp, name);
-    if descr.is_null() {
+    // `unknown()` is a stand-in data descriptor, never to be called: a plain
+    // `getattr` makes the lookup, as stock does.
+    if descr.is_null() || descr == crate::cpython::type_cache::unknown() {
         return None;
     }
     let dt = capi::Py_TYPE(descr);

@@ -40,12 +40,23 @@ impl Items {
         let py = module.py();
         unsafe {
             let m = module.as_ptr();
+            let tp = capi::Py_TYPE(m);
             let dict = instance_dict(m);
             // Read natively (and possibly remembered) only from a dict whose
             // lookups run no code; any other is read below as torch reads it,
             // the lookup made (and its `__eq__` calls run) on every walk.
-            if !dict.is_null() && crate::cpython::quiet::dict(dict) {
-                match plain_attr(capi::Py_TYPE(m), dict, registry.as_ptr()) {
+            // torch reads `module.<registry>` through the class's
+            // `__getattribute__`: asked here, at each module, because a class
+            // (or a mixin base) can gain one while a walk is suspended
+            // between modules (a `named_parameters()` generator paused in a
+            // for loop), after the walk decided the module was native. A
+            // cached class lookup, once per module and registry.
+            if !dict.is_null()
+                && crate::cpython::quiet::dict(dict)
+                && crate::torch_api::originals::globals()
+                    .is_some_and(|g| crate::instance::fast::plain_getattribute(g, tp))
+            {
+                match plain_attr(tp, dict, registry.as_ptr()) {
                     Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => {
                         let used = ma_used(d);
                         return Ok(Items::Dict {

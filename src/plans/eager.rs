@@ -105,10 +105,20 @@ fn holding(root: *mut capi::PyObject, walk: Walk) -> Option<(usize, std::sync::A
 /// exact bool.
 pub fn replay_train(
     py: Python<'_>,
+    g: &Globals,
     name: &Bound<'_, PyString>,
     root: &Bound<'_, PyAny>,
     mode: &Bound<'_, PyAny>,
 ) -> Option<PyResult<()>> {
+    // Every rebinding below stands for a call of torch's `__setattr__`
+    // (stock calls it at every module, even where `training` is already
+    // `mode`). Its class lookup is covered by the visits' class versions, but
+    // a replaced `__code__` or defaults changes no version: compared here, on
+    // every call, before anything of the call happened, so the live walk
+    // calls the new body at every module as stock does.
+    if !g.orig.setattr_intact() {
+        return None;
+    }
     let (i, held) = holding(root.as_ptr(), Walk::Train)?;
     drop(held);
     TABLE.note_replay();

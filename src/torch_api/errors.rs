@@ -3,6 +3,8 @@
 //! Messages are assembled from Python `str` objects (never via Rust `String`)
 //! so that any name a user can pass, lone surrogates included, round-trips.
 use crate::cpython::capi;
+use crate::cpython::type_cache::type_lookup;
+use crate::cpython::types::getattro_slot;
 use crate::torch_api::originals::Globals;
 use std::ffi::CStr;
 
@@ -97,17 +99,21 @@ unsafe fn miss_message(
     name: *mut capi::PyObject,
 ) -> *mut capi::PyObject {
     let slot = ((tname as usize >> 4) ^ (name as usize >> 4).rotate_left(3)) % MISS_SLOTS;
-    // SAFETY: the GIL is held (see `Misses`); nothing below runs Python code
-    // while the reference is alive (formatting exact strs, freeing strs).
-    let entry = &mut (*MISSES.0.get())[slot];
-    if entry[0] == tname && entry[1] == name {
-        capi::Py_INCREF(entry[2]);
-        return entry[2];
+    // SAFETY: the GIL is held (see `Misses`).
+    let hit = (*MISSES.0.get())[slot];
+    if hit[0] == tname && hit[1] == name {
+        capi::Py_INCREF(hit[2]);
+        return hit[2];
     }
+    // Building the message allocates: on 3.11 the cyclic GC may run a
+    // finalizer there, which may miss an attribute too and fill this slot.
     let msg = join(g, &miss_parts(tname, name));
     if msg.is_null() {
         return msg;
     }
+    // SAFETY: as above; taken after `join`, and nothing below runs Python
+    // code while it is alive (freeing the strs of the old entry runs none).
+    let entry = &mut (*MISSES.0.get())[slot];
     let old = *entry;
     capi::Py_INCREF(tname);
     capi::Py_INCREF(name);
@@ -152,6 +158,66 @@ pub unsafe fn no_attribute(
         capi::Py_DECREF(msg);
     }
     std::ptr::null_mut()
+}
+
+/// Can `type(obj).__name__`, read for a class `tp`, run code or fail? No
+/// when the metaclass reads attributes with `type`'s own `tp_getattro` and
+/// resolves `__name__` to `type`'s getter (a data descriptor: it wins over
+/// the class's own dict), which only returns the stored name. A metaclass
+/// that overrides `__name__` (a property), `__getattribute__` or
+/// `__getattr__` makes the read observable. Two slot reads and a cached
+/// class lookup: cheap enough for each miss.
+unsafe fn class_name_read_is_quiet(g: &Globals, tp: *mut capi::PyTypeObject) -> bool {
+    let meta = capi::Py_TYPE(tp as *mut capi::PyObject);
+    let type_type = std::ptr::addr_of_mut!(capi::PyType_Type);
+    // `type` itself cannot be changed (a static, immutable type).
+    if meta == type_type {
+        return true;
+    }
+    let same_getattro = match (getattro_slot(meta), getattro_slot(type_type)) {
+        (Some(a), Some(b)) => std::ptr::fn_addr_eq(a, b),
+        _ => false,
+    };
+    same_getattro && type_lookup(meta, g.names.dunder_name) == g.orig.type_name
+}
+
+/// A miss of `nn.Module.__getattr__` for a caller that only asks whether it
+/// missed (`hasattr(self, name)` in `register_parameter`, `register_buffer`
+/// and `add_module`): Ok(()) where torch's raise would have been an
+/// AttributeError, Err(()) with the exception set where building it raised
+/// something else. torch builds the message before raising, so it reads
+/// `type(self).__name__` and formats it and `name` (f-string fields) on
+/// every miss; that is skipped only where none of it can run code (see
+/// [`class_name_read_is_quiet`]; an exact-str class name and attribute name
+/// format as themselves), else the message is built as
+/// [`no_attribute`] builds it, and dropped.
+pub unsafe fn missed(
+    g: &Globals,
+    obj: *mut capi::PyObject,
+    name: *mut capi::PyObject,
+) -> Result<(), ()> {
+    let tp = capi::Py_TYPE(obj);
+    if capi::PyUnicode_CheckExact(name) != 0 && class_name_read_is_quiet(g, tp) {
+        // What `type.__dict__["__name__"]` returns for `tp`: the stored name,
+        // which `type.__name__ = ...` may have made a str subclass (whose
+        // `__format__` the f-string would call).
+        let tname = capi::PyType_GetName(tp);
+        if tname.is_null() {
+            return Err(());
+        }
+        let exact = capi::PyUnicode_CheckExact(tname) != 0;
+        capi::Py_DECREF(tname);
+        if exact {
+            return Ok(());
+        }
+    }
+    no_attribute(g, obj, name);
+    if capi::PyErr_ExceptionMatches(capi::PyExc_AttributeError) != 0 {
+        capi::PyErr_Clear();
+        Ok(())
+    } else {
+        Err(())
+    }
 }
 
 /// Raised from a slot when `_core.init` never ran (cannot happen through the

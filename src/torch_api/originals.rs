@@ -63,6 +63,9 @@ pub struct Originals {
     pub register_module: *mut capi::PyObject,
     pub object_getattribute: *mut capi::PyObject,
     pub object_class: *mut capi::PyObject,
+    /// `type.__dict__["__name__"]`: what `type(obj).__name__` calls when the
+    /// metaclass resolves `__name__` to it (a getter that runs no code).
+    pub type_name: *mut capi::PyObject,
     /// The bodies of the Python functions above, as captured at import, in
     /// [`Originals::BODIES`]' order (see [`Originals::intact`]).
     pub bodies: [Option<Body>; 9],
@@ -72,6 +75,7 @@ impl Originals {
     const CALL: usize = 0;
     const CALL_IMPL: usize = 1;
     const GETATTR: usize = 2;
+    const SETATTR: usize = 3;
 
     /// The functions whose bodies are captured, by index.
     fn bodies_of(&self) -> [*mut capi::PyObject; 9] {
@@ -112,6 +116,13 @@ impl Originals {
     #[inline(always)]
     pub fn getattr_intact(&self) -> bool {
         self.body_intact(Self::GETATTR)
+    }
+
+    /// `__setattr__`, which the native assignments (and the `training`
+    /// rebinding of a replayed `train()`) reproduce, intact.
+    #[inline(always)]
+    pub fn setattr_intact(&self) -> bool {
+        self.body_intact(Self::SETATTR)
     }
 
     /// `_wrapped_call_impl` and `_call_impl`, which the native module call
@@ -253,6 +264,10 @@ pub fn init(py: Python<'_>, fast_module: &Bound<'_, PyType>) -> PyResult<()> {
         register_module: class_entry(&nn_module, "register_module")?,
         object_getattribute: class_entry(&object, "__getattribute__")?,
         object_class: class_entry(&object, "__class__")?,
+        type_name: class_entry(
+            &builtins.getattr("type")?.cast_into::<PyType>()?,
+            "__name__",
+        )?,
         bodies: Default::default(),
     };
     let mut orig = orig;

@@ -120,7 +120,7 @@ pub(crate) fn train_root<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let name = intern!(py, "training");
     if mode.is_exact_instance_of::<PyBool>() {
-        if let Some(done) = crate::plans::eager::replay_train(py, name, module, mode) {
+        if let Some(done) = crate::plans::eager::replay_train(py, g, name, module, mode) {
             done?;
             return Ok(module.clone());
         }

@@ -17,8 +17,12 @@ pub(super) unsafe fn conv(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Option
     let s = &c.s;
     let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
+    // Only a quiet instance dict is asked (a pre-hook may have given it a
+    // non-str key since the call's checks): a lookup in any other would run
+    // a key's `__eq__` that torch's `self._conv_forward` then runs again.
     if type_lookup(tp, s._conv_forward) != l.o[CONV_FORWARD]
         || dict.is_null()
+        || !crate::cpython::quiet::dict(dict)
         || capi::PyDict_Contains(dict, s._conv_forward) != 0
     {
         capi::PyErr_Clear();

@@ -295,6 +295,11 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
     let (tensor_dim, tensor_size) = unsafe {
         let find = |name: Obj| {
             let v = type_lookup(tensor_type.cast(), name);
+            // Not known without running code: null, which no later lookup
+            // equals (the methods then never count as torch's).
+            if v == crate::cpython::type_cache::unknown() {
+                return std::ptr::null_mut();
+            }
             if !v.is_null() {
                 capi::Py_INCREF(v);
             }
