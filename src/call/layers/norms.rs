@@ -1,9 +1,11 @@
 //! Norms: `nn.LayerNorm` (`F.layer_norm`), `nn.RMSNorm` (`F.rms_norm`) and
 //! `nn.BatchNorm1d/2d` (`_BatchNorm.forward` with `F.batch_norm`'s body).
 use super::table::{
-    call, cudnn_enabled, exact_float, get, has_tf, none, plain_tensor, Common, Held, Layer, Obj,
+    call, cudnn_enabled, exact_float, get, has_tf, none, plain_tensor, truth, Common, Held, Layer,
+    Obj,
 };
 use crate::cpython::capi;
+use crate::cpython::load_global::load_global;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::instance_dict;
 
@@ -59,9 +61,15 @@ const BN_OP: usize = 3;
 
 /// `_BatchNorm.forward`. Served when the input is a plain tensor of the rank
 /// the class's `_check_input_dim` accepts, no `__torch_function__` mode is
-/// active, `training` and `track_running_stats` are bools, `momentum` a float
-/// or None and `eps` a float; otherwise torch's `forward` runs (nothing has
-/// happened yet).
+/// active and `training` and `track_running_stats` are bools; otherwise
+/// torch's `forward` runs (nothing has happened yet).
+///
+/// torch's `forward` reads the layer's attributes as it goes, and
+/// `self.num_batches_tracked.add_(1)` (training with tracked statistics) may
+/// release the GIL or run Python code (a dispatch mode): what torch reads
+/// after it is read after it here too, in torch's order ([`after_add`]).
+/// Where no `add_` is made nothing between the reads runs code, so torch's
+/// repeated reads of one plain attribute are one read here.
 pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Option<Obj> {
     let s = &c.s;
     // `self._check_input_dim(input)`: the class's function, no instance attribute.
@@ -105,26 +113,43 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
         capi::PyErr_Clear();
         return None;
     }
+    // Up to `add_`: `self.momentum` (twice), `self.training`,
+    // `self.track_running_stats`, `self.num_batches_tracked` (twice).
     let momentum = get!(slf, s.momentum);
     let training = get!(slf, s.training);
     let track = get!(slf, s.track_running_stats);
-    let eps = get!(slf, s.eps);
     let is_bool = |x: Obj| x == capi::Py_True() || x == capi::Py_False();
-    if !(momentum.0 == none() || exact_float(momentum.0).is_some())
-        || !is_bool(training.0)
-        || !is_bool(track.0)
-        || exact_float(eps.0).is_none()
-    {
+    // A truth test of anything else could run code before a hand-over.
+    if !is_bool(training.0) || !is_bool(track.0) {
         return None;
     }
     let training_b = training.0 == capi::Py_True();
     let track_b = track.0 == capi::Py_True();
+    if training_b && track_b {
+        let tracked = get!(slf, s.num_batches_tracked);
+        if tracked.0 != none() {
+            // Nothing read so far is used after `add_`, nor held across it
+            // (torch's frame holds only the tensor whose method runs).
+            drop(momentum);
+            // The first step with an effect: from here on torch's code is not
+            // handed the call again.
+            let r = capi::PyObject_CallMethodOneArg(tracked.0, s.add_, c.one);
+            drop(tracked);
+            if r.is_null() {
+                return Some(r);
+            }
+            capi::Py_DECREF(r);
+            return Some(after_add(l, c, slf, input).unwrap_or(std::ptr::null_mut()));
+        }
+    }
+    // No `add_`: nothing from the first read to `F.batch_norm`'s ops runs code.
     let running_mean = get!(slf, s.running_mean);
     let running_var = get!(slf, s.running_var);
     let weight = get!(slf, s.weight);
     let bias = get!(slf, s.bias);
+    let eps = get!(slf, s.eps);
     // exponential_average_factor
-    let mut factor = if momentum.0 == none() {
+    let factor = if momentum.0 == none() {
         Held(capi::PyFloat_FromDouble(0.0))
     } else {
         capi::Py_INCREF(momentum.0);
@@ -133,54 +158,180 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
     if factor.0.is_null() {
         return Some(std::ptr::null_mut());
     }
-    if training_b && track_b {
-        let tracked = get!(slf, s.num_batches_tracked);
-        if tracked.0 != none() {
-            // The first step with an effect: from here on torch's code is not
-            // handed the call again.
-            let r = capi::PyObject_CallMethodOneArg(tracked.0, s.add_, c.one);
-            if r.is_null() {
-                return Some(r);
-            }
-            capi::Py_DECREF(r);
-            if momentum.0 == none() {
-                let t = Held(capi::PyNumber_Float(tracked.0));
-                if t.0.is_null() {
-                    return Some(std::ptr::null_mut());
-                }
-                factor = Held(capi::PyNumber_TrueDivide(c.float_one, t.0));
-                if factor.0.is_null() {
-                    return Some(std::ptr::null_mut());
-                }
-            }
-        }
-    }
     let bn_training = training_b || (running_mean.0 == none() && running_var.0 == none());
     let pass_stats = !training_b || track_b;
     let mean = if pass_stats { running_mean.0 } else { none() };
     let var = if pass_stats { running_var.0 } else { none() };
-    let flag = if bn_training {
+    let args = BnArgs {
+        input,
+        mean,
+        var,
+        weight: weight.0,
+        bias: bias.0,
+        training: bn_training,
+        factor: factor.0,
+        eps: eps.0,
+    };
+    // The guard held at the call's start and nothing ran since: `F.batch_norm`
+    // is torch's, with its body and globals.
+    Some(finish(l, c, l.o[BN_F], true, &args))
+}
+
+/// `self.<name>`, as the bytecode reads it (after a call that may have run
+/// code: whatever the read runs, it runs here, once).
+unsafe fn attr(slf: Obj, name: Obj) -> Result<Held, ()> {
+    let v = capi::PyObject_GetAttr(slf, name);
+    if v.is_null() {
+        Err(())
+    } else {
+        Ok(Held(v))
+    }
+}
+
+/// `if <x>:` on an attribute just read, released right after the test as
+/// the bytecode releases it.
+unsafe fn test(x: Held) -> Result<bool, ()> {
+    truth(x.0)
+}
+
+/// `self.<stat> if not self.training or self.track_running_stats else None`
+/// (`stat`: `running_mean` or `running_var`).
+unsafe fn stat_arg(c: &Common, slf: Obj, stat: Obj) -> Result<Held, ()> {
+    let s = &c.s;
+    let pass = !test(attr(slf, s.training)?)? || test(attr(slf, s.track_running_stats)?)?;
+    if pass {
+        attr(slf, stat)
+    } else {
+        capi::Py_INCREF(none());
+        Ok(Held(none()))
+    }
+}
+
+/// The rest of `_BatchNorm.forward` after `self.num_batches_tracked.add_(1)`,
+/// which may have released the GIL or run Python code: every attribute, and
+/// the globals torch's code reads from here on, is read again where torch
+/// reads it, as often, in its order, and may now be anything.
+unsafe fn after_add(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Result<Obj, ()> {
+    let s = &c.s;
+    // `if self.momentum is None: exponential_average_factor = 1.0 /
+    // float(self.num_batches_tracked) else: ... = self.momentum`
+    let momentum_none = attr(slf, s.momentum)?.0 == none();
+    let factor = if momentum_none {
+        // `float` is loaded before `self.num_batches_tracked` is read.
+        let float = if l.guard_holds() {
+            None
+        } else {
+            Some(load_global(l.globals(), s.float).map_err(|_| ())?)
+        };
+        let tracked = attr(slf, s.num_batches_tracked)?;
+        let f = Held(match &float {
+            // The builtin (not shadowed: the guard): `float(x)` is `PyNumber_Float(x)`.
+            None => capi::PyNumber_Float(tracked.0),
+            Some(f) => capi::PyObject_CallOneArg(f.as_ptr(), tracked.0),
+        });
+        if f.0.is_null() {
+            return Err(());
+        }
+        drop((tracked, float));
+        let q = capi::PyNumber_TrueDivide(c.float_one, f.0);
+        if q.is_null() {
+            return Err(());
+        }
+        Held(q)
+    } else {
+        attr(slf, s.momentum)?
+    };
+    // `if self.training: bn_training = True else: bn_training =
+    // (self.running_mean is None) and (self.running_var is None)`
+    let bn_training = if test(attr(slf, s.training)?)? {
+        true
+    } else {
+        // Each value released after its `is None`, before the next read.
+        let mean_none = attr(slf, s.running_mean)?.0 == none();
+        mean_none && attr(slf, s.running_var)?.0 == none()
+    };
+    // `F.batch_norm` is looked up before its arguments are evaluated.
+    let (func, native) = if l.guard_holds() {
+        capi::Py_INCREF(l.o[BN_F]);
+        (Held(l.o[BN_F]), true)
+    } else {
+        let f = load_global(l.globals(), c.f_global).map_err(|_| ())?;
+        let v = capi::PyObject_GetAttr(f.as_ptr(), s.batch_norm);
+        if v.is_null() {
+            return Err(());
+        }
+        (Held(v), false)
+    };
+    let mean = stat_arg(c, slf, s.running_mean)?;
+    let var = stat_arg(c, slf, s.running_var)?;
+    let weight = attr(slf, s.weight)?;
+    let bias = attr(slf, s.bias)?;
+    let eps = attr(slf, s.eps)?;
+    // `F.batch_norm`'s body natively only if it is still torch's function
+    // with the globals it reads (the reads above may have run code) and the
+    // tensor methods it calls are torch's.
+    let native = native && func.0 == l.o[BN_F] && l.guard_holds() && c.tensor_methods_intact();
+    let args = BnArgs {
+        input,
+        mean: mean.0,
+        var: var.0,
+        weight: weight.0,
+        bias: bias.0,
+        training: bn_training,
+        factor: factor.0,
+        eps: eps.0,
+    };
+    let r = finish(l, c, func.0, native, &args);
+    if r.is_null() {
+        Err(())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The arguments of `F.batch_norm(input, running_mean, running_var,
+/// self.weight, self.bias, bn_training, exponential_average_factor, self.eps)`.
+struct BnArgs {
+    input: Obj,
+    mean: Obj,
+    var: Obj,
+    weight: Obj,
+    bias: Obj,
+    training: bool,
+    factor: Obj,
+    eps: Obj,
+}
+
+/// `func(*args)`, `func` being the `F.batch_norm` torch's code looked up;
+/// `native`: it is torch's, and its body may run here.
+unsafe fn finish(l: &Layer, c: &Common, func: Obj, native: bool, a: &BnArgs) -> Obj {
+    let flag = if a.training {
         capi::Py_True()
     } else {
         capi::Py_False()
     };
-    let f_args = [input, mean, var, weight.0, bias.0, flag, factor.0, eps.0];
-    Some(
-        match batch_norm_body(c, input, mean, var, weight.0, bias.0, bn_training, eps.0) {
-            Err(()) => std::ptr::null_mut(),
-            Ok(false) => call(l.o[BN_F], &f_args, std::ptr::null_mut()),
-            Ok(true) => {
-                let enabled = Held(cudnn_enabled(c));
-                if enabled.0.is_null() {
-                    return Some(std::ptr::null_mut());
-                }
-                let args = [
-                    input, weight.0, bias.0, mean, var, flag, factor.0, eps.0, enabled.0,
-                ];
-                call(l.o[BN_OP], &args, std::ptr::null_mut())
+    let f_args = [
+        a.input, a.mean, a.var, a.weight, a.bias, flag, a.factor, a.eps,
+    ];
+    if !native {
+        return call(func, &f_args, std::ptr::null_mut());
+    }
+    match batch_norm_body(
+        c, a.input, a.mean, a.var, a.weight, a.bias, a.training, a.eps,
+    ) {
+        Err(()) => std::ptr::null_mut(),
+        Ok(false) => call(func, &f_args, std::ptr::null_mut()),
+        Ok(true) => {
+            let enabled = Held(cudnn_enabled(c));
+            if enabled.0.is_null() {
+                return std::ptr::null_mut();
             }
-        },
-    )
+            let args = [
+                a.input, a.weight, a.bias, a.mean, a.var, flag, a.factor, a.eps, enabled.0,
+            ];
+            call(l.o[BN_OP], &args, std::ptr::null_mut())
+        }
+    }
 }
 
 /// `F.batch_norm`'s checks before `torch.batch_norm`: Ok(true) when they all
