@@ -1,8 +1,8 @@
 //! Norms: `nn.LayerNorm` (`F.layer_norm`), `nn.RMSNorm` (`F.rms_norm`) and
 //! `nn.BatchNorm1d/2d` (`_BatchNorm.forward` with `F.batch_norm`'s body).
 use super::table::{
-    call, cudnn_enabled, exact_float, get, has_tf, none, plain_tensor, truth, Common, Held, Layer,
-    Obj,
+    call, cudnn_enabled, exact_float, get, has_tf, none, plain_tensor, read, truth, Common, Held,
+    Layer, Obj,
 };
 use crate::cpython::capi;
 use crate::cpython::load_global::load_global;
@@ -177,53 +177,116 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
     Some(finish(l, c, l.o[BN_F], true, &args))
 }
 
-/// `self.<name>`, as the bytecode reads it (after a call that may have run
-/// code: whatever the read runs, it runs here, once).
-unsafe fn attr(slf: Obj, name: Obj) -> Result<Held, ()> {
-    let v = capi::PyObject_GetAttr(slf, name);
-    if v.is_null() {
-        Err(())
-    } else {
-        Ok(Held(v))
+/// The reads after `add_`, each made where torch's code makes it. A read
+/// that repeats one made since code last could run (plain reads and truth
+/// tests of bools run none) reuses its value: it would find the same. The
+/// values kept for that are dropped before anything that may run code, so
+/// nothing is held across it that torch's frame would not hold.
+struct Reads<'a> {
+    l: &'a Layer,
+    slf: Obj,
+    /// (name, value) of the plain reads since code last could run.
+    seen: Vec<(Obj, Held)>,
+    /// The guard's answer since code last could run.
+    guard: Option<bool>,
+}
+
+impl Reads<'_> {
+    /// Code may run next: forget what it could change.
+    fn may_run_code(&mut self) {
+        self.seen.clear();
+        self.guard = None;
     }
-}
 
-/// `if <x>:` on an attribute just read, released right after the test as
-/// the bytecode releases it.
-unsafe fn test(x: Held) -> Result<bool, ()> {
-    truth(x.0)
-}
+    /// `self.<name>`, as the bytecode reads it: a plain read where it is one
+    /// (no code runs), else the full getattr (whatever it runs, it runs here,
+    /// once).
+    unsafe fn attr(&mut self, name: Obj) -> Result<Held, ()> {
+        if let Some((_, v)) = self.seen.iter().find(|(n, _)| *n == name) {
+            capi::Py_INCREF(v.0);
+            return Ok(Held(v.0));
+        }
+        // `read` answers as fastmodule's `tp_getattro` would, with torch's
+        // `__getattr__` reproduced: only while that is what a read runs.
+        if super::getattr_intact() && !crate::instance::fast::switched_off() {
+            match read(self.slf, name) {
+                Some(v) if v.is_null() => return Err(()),
+                Some(v) => {
+                    capi::Py_INCREF(v);
+                    self.seen.push((name, Held(v)));
+                    return Ok(Held(v));
+                }
+                None => {}
+            }
+        }
+        self.may_run_code();
+        let v = capi::PyObject_GetAttr(self.slf, name);
+        if v.is_null() {
+            Err(())
+        } else {
+            Ok(Held(v))
+        }
+    }
 
-/// `self.<stat> if not self.training or self.track_running_stats else None`
-/// (`stat`: `running_mean` or `running_var`).
-unsafe fn stat_arg(c: &Common, slf: Obj, stat: Obj) -> Result<Held, ()> {
-    let s = &c.s;
-    let pass = !test(attr(slf, s.training)?)? || test(attr(slf, s.track_running_stats)?)?;
-    if pass {
-        attr(slf, stat)
-    } else {
-        capi::Py_INCREF(none());
-        Ok(Held(none()))
+    /// `if <x>:` on a value just read, released right after the test as the
+    /// bytecode releases it.
+    unsafe fn test(&mut self, x: Held) -> Result<bool, ()> {
+        if x.0 != capi::Py_True() && x.0 != capi::Py_False() {
+            self.may_run_code();
+        }
+        truth(x.0)
+    }
+
+    /// Does the guard hold (asked where torch's code reads a guarded global)?
+    unsafe fn guard(&mut self) -> bool {
+        *self.guard.get_or_insert_with(|| self.l.guard_holds())
+    }
+
+    /// `self.<stat> if not self.training or self.track_running_stats else
+    /// None` (`stat`: `running_mean` or `running_var`).
+    unsafe fn stat_arg(&mut self, c: &Common, stat: Obj) -> Result<Held, ()> {
+        let s = &c.s;
+        let training = self.attr(s.training)?;
+        let pass = !self.test(training)? || {
+            let track = self.attr(s.track_running_stats)?;
+            self.test(track)?
+        };
+        if pass {
+            self.attr(stat)
+        } else {
+            capi::Py_INCREF(none());
+            Ok(Held(none()))
+        }
     }
 }
 
 /// The rest of `_BatchNorm.forward` after `self.num_batches_tracked.add_(1)`,
 /// which may have released the GIL or run Python code: every attribute, and
 /// the globals torch's code reads from here on, is read again where torch
-/// reads it, as often, in its order, and may now be anything.
+/// reads it, as often (where a read can be seen), in its order, and may now
+/// be anything.
 unsafe fn after_add(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Result<Obj, ()> {
     let s = &c.s;
+    let mut r = Reads {
+        l,
+        slf,
+        seen: Vec::with_capacity(8),
+        guard: None,
+    };
     // `if self.momentum is None: exponential_average_factor = 1.0 /
     // float(self.num_batches_tracked) else: ... = self.momentum`
-    let momentum_none = attr(slf, s.momentum)?.0 == none();
+    let momentum_none = r.attr(s.momentum)?.0 == none();
     let factor = if momentum_none {
         // `float` is loaded before `self.num_batches_tracked` is read.
-        let float = if l.guard_holds() {
+        let float = if r.guard() {
             None
         } else {
+            r.may_run_code();
             Some(load_global(l.globals(), s.float).map_err(|_| ())?)
         };
-        let tracked = attr(slf, s.num_batches_tracked)?;
+        let tracked = r.attr(s.num_batches_tracked)?;
+        // `float(x)` converts a tensor through its op (a dispatch mode sees it).
+        r.may_run_code();
         let f = Held(match &float {
             // The builtin (not shadowed: the guard): `float(x)` is `PyNumber_Float(x)`.
             None => capi::PyNumber_Float(tracked.0),
@@ -239,22 +302,24 @@ unsafe fn after_add(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Result<Obj, 
         }
         Held(q)
     } else {
-        attr(slf, s.momentum)?
+        r.attr(s.momentum)?
     };
     // `if self.training: bn_training = True else: bn_training =
     // (self.running_mean is None) and (self.running_var is None)`
-    let bn_training = if test(attr(slf, s.training)?)? {
+    let training = r.attr(s.training)?;
+    let bn_training = if r.test(training)? {
         true
     } else {
         // Each value released after its `is None`, before the next read.
-        let mean_none = attr(slf, s.running_mean)?.0 == none();
-        mean_none && attr(slf, s.running_var)?.0 == none()
+        let mean_none = r.attr(s.running_mean)?.0 == none();
+        mean_none && r.attr(s.running_var)?.0 == none()
     };
     // `F.batch_norm` is looked up before its arguments are evaluated.
-    let (func, native) = if l.guard_holds() {
+    let (func, native) = if r.guard() {
         capi::Py_INCREF(l.o[BN_F]);
         (Held(l.o[BN_F]), true)
     } else {
+        r.may_run_code();
         let f = load_global(l.globals(), c.f_global).map_err(|_| ())?;
         let v = capi::PyObject_GetAttr(f.as_ptr(), s.batch_norm);
         if v.is_null() {
@@ -262,15 +327,17 @@ unsafe fn after_add(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Result<Obj, 
         }
         (Held(v), false)
     };
-    let mean = stat_arg(c, slf, s.running_mean)?;
-    let var = stat_arg(c, slf, s.running_var)?;
-    let weight = attr(slf, s.weight)?;
-    let bias = attr(slf, s.bias)?;
-    let eps = attr(slf, s.eps)?;
+    let mean = r.stat_arg(c, s.running_mean)?;
+    let var = r.stat_arg(c, s.running_var)?;
+    let weight = r.attr(s.weight)?;
+    let bias = r.attr(s.bias)?;
+    let eps = r.attr(s.eps)?;
     // `F.batch_norm`'s body natively only if it is still torch's function
     // with the globals it reads (the reads above may have run code) and the
     // tensor methods it calls are torch's.
-    let native = native && func.0 == l.o[BN_F] && l.guard_holds() && c.tensor_methods_intact();
+    let native = native && func.0 == l.o[BN_F] && r.guard() && c.tensor_methods_intact();
+    // The call runs code: nothing kept beyond torch's arguments.
+    r.may_run_code();
     let args = BnArgs {
         input,
         mean: mean.0,
@@ -281,11 +348,11 @@ unsafe fn after_add(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Result<Obj, 
         factor: factor.0,
         eps: eps.0,
     };
-    let r = finish(l, c, func.0, native, &args);
-    if r.is_null() {
+    let out = finish(l, c, func.0, native, &args);
+    if out.is_null() {
         Err(())
     } else {
-        Ok(r)
+        Ok(out)
     }
 }
 
