@@ -130,7 +130,7 @@ pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> 
         if tracked.0 != none() {
             // Nothing read so far is used after `add_`, nor held across it
             // (torch's frame holds only the tensor whose method runs).
-            drop(momentum);
+            drop((momentum, training, track));
             // The first step with an effect: from here on torch's code is not
             // handed the call again.
             let r = capi::PyObject_CallMethodOneArg(tracked.0, s.add_, c.one);
