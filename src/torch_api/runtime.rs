@@ -137,17 +137,31 @@ impl Flag {
         let Some(global) = &self.global else {
             return Ok(None);
         };
-        let globals = self.globals.bind(py);
-        if !globals
-            .get_item(self.name.bind(py))?
-            .is_some_and(|f| self.own(&f))
-        {
-            return Ok(None);
-        }
-        match globals.get_item(global.bind(py))? {
-            Some(v) => Ok(Some(v.is_truthy()?)),
-            // The getter would raise its NameError: let it.
-            None => Ok(None),
+        let globals = self.globals.as_ptr();
+        // SAFETY: with the GIL; `globals` is a dict held by `self`, both keys
+        // are str. Borrowed results are used before anything else runs (a
+        // colliding key's `__eq__` may run inside a lookup, as in the
+        // getter's own `LOAD_GLOBAL`), and the value is held for its test.
+        unsafe {
+            let f = capi::PyDict_GetItemWithError(globals, self.name.as_ptr());
+            if f != self.getter.as_ptr() || capi::PyFunction_GetCode(f) != self.code.as_ptr() {
+                return match PyErr::take(py) {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                };
+            }
+            let v = capi::PyDict_GetItemWithError(globals, global.as_ptr());
+            if v.is_null() {
+                // The getter would raise its NameError: let it.
+                return match PyErr::take(py) {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                };
+            }
+            if v == capi::Py_True() || v == capi::Py_False() {
+                return Ok(Some(v == capi::Py_True()));
+            }
+            Ok(Some(Bound::from_borrowed_ptr(py, v).is_truthy()?))
         }
     }
 
