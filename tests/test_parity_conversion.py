@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -1018,8 +1019,8 @@ def test_future_flags(flags: str, op: str) -> None:
 
 @pytest.mark.usefixtures("restore_future_flags")
 def test_future_flag_set_by_fn_midway() -> None:
-    """``fn`` flips the overwrite flag during the walk: later modules see the new value
-    (stock reads the flags once per module)."""
+    """``fn`` flips the overwrite flag during the walk: later tensors see the new value
+    (stock reads it for each tensor, after ``fn``)."""
 
     def sc(b: Base) -> Any:
         root = big_tree(b)
@@ -1074,6 +1075,189 @@ def test_patched_future_getters_are_called_like_stock(op: str) -> None:
 
     out = assert_same(sc)
     assert "swap" in out[1]
+
+
+# Where `fn` changes a flag: the tensor whose conversion changes it, and the change.
+FLIPS: dict[str, tuple[tuple[Any, ...], str, bool]] = {
+    # The first parameter of a module (it has a grad): its own result, its grad's and
+    # every later tensor of the module read the overwrite flag set.
+    "overwrite at a first param": (("param", ("leaf", "w")), "overwrite", True),
+    # A parameter's grad: set into it before, replaced after.
+    "overwrite at a grad": (("grad", ("leaf", "w")), "overwrite", True),
+    "overwrite at a last param": (("param", ("lin", "bias")), "overwrite", True),
+    "overwrite at a buffer": (("buffer", ("leaf", "f32")), "overwrite", True),
+    "overwrite off again": (("param", ("leaf", "v")), "overwrite", False),
+    # Read once per module, before its parameters: from the next module on.
+    "swap at a param": (("param", ("leaf", "w")), "swap", True),
+    "swap off again": (("param", ("lin", "weight")), "swap", False),
+}
+
+
+@pytest.mark.usefixtures("restore_future_flags")
+@pytest.mark.parametrize("op", ["times2", "double_fn"])
+@pytest.mark.parametrize("flip", list(FLIPS))
+def test_future_flag_changed_inside_fn(flip: str, op: str) -> None:
+    """``fn`` changes a flag while converting one tensor (as another thread can while
+    ``fn`` releases the GIL): torch reads the overwrite flag for each tensor after
+    ``fn``, the swap flag once per module; the native walk reads them there too."""
+    where, flag, value = FLIPS[flip]
+    setter = getattr(torch.__future__, f"set_{flag}_module_params_on_conversion")
+    convert = {"times2": lambda t: t * 2, "double_fn": lambda t: t.double()}[op]
+
+    def sc(b: Base) -> Any:
+        root = pure_tree(b)
+        add_grads(root)
+        before = Index(root)
+        seen: list[Any] = []
+        setter(not value)
+
+        def fn(t: torch.Tensor) -> Any:
+            seen.append(before.label(t))
+            if seen[-1] == where:
+                setter(value)
+            return convert(t) if t.is_floating_point() else t
+
+        try:
+            r = outcome(lambda: before.label(root._apply(fn)))
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(False)
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        return r, seen, describe(root, before)
+
+    out = assert_same(sc)
+    assert where in out[1]
+
+
+@pytest.mark.usefixtures("restore_future_flags")
+def test_overwrite_flag_set_between_modules_of_a_recognised_conversion() -> None:
+    """``.double()`` (a closure the native walk recognises): a module's ``_apply``
+    override sets the flag after its own conversion; every later module reads it set."""
+
+    def sc(b: Base) -> Any:
+        c = classes(b)
+
+        class Flips(c.Leaf):  # type: ignore[misc, name-defined]
+            def _apply(self, fn: Any, recurse: bool = True) -> Any:
+                r = super()._apply(fn, recurse)
+                torch.__future__.set_overwrite_module_params_on_conversion(True)
+                return r
+
+        root = c.Node()
+        root.first = c.Leaf()
+        root.flips = Flips()
+        root.later = c.Leaf()
+        root.lin = nn.Linear(2, 3)
+        add_grads(root)
+        before = Index(root)
+        try:
+            r = outcome(lambda: before.label(root.double()))
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(False)
+        return r, describe(root, before)
+
+    assert_same(sc)
+
+
+@pytest.mark.usefixtures("restore_future_flags")
+def test_overwrite_flag_set_by_a_finalizer_inside_a_recognised_conversion() -> None:
+    """``.double()``: code that runs between two of a module's tensors (a finalizer of
+    the storage ``param.data = ...`` frees, here; another thread in general) sets the
+    overwrite flag; the tensors converted after it are replaced by new parameters, as
+    on stock. (Nothing may keep the old storages alive: no ``Index`` here.)"""
+
+    def sc(b: Base) -> Any:
+        c = classes(b)
+        root = c.Node()
+        root.m = c.Node()
+        for i in range(6):
+            root.m.register_parameter(f"p{i}", nn.Parameter(torch.randn(2)))
+        root.lin = nn.Linear(2, 2)
+        before = {k: list(m._parameters.items()) for k, m in root.named_modules()}
+        fired: list[int] = []
+
+        def flip() -> None:
+            fired.append(1)
+            torch.__future__.set_overwrite_module_params_on_conversion(True)
+
+        storage = root.m.p2.untyped_storage()
+        weakref.finalize(storage, flip)
+        del storage
+        try:
+            r = outcome(lambda: root.double() is root)
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(False)
+        after = {
+            k: [(n, v is dict(before[k])[n], v.dtype) for n, v in m._parameters.items()]
+            for k, m in root.named_modules()
+        }
+        return r, len(fired), after
+
+    out = assert_same(sc)
+    assert out[1] == 1
+    assert [same for _, same, _ in out[2]["m"]] == [True] * 3 + [False] * 3
+
+
+@pytest.mark.usefixtures("restore_future_flags")
+def test_overwrite_getter_patched_inside_fn_is_called_like_stock() -> None:
+    """``fn`` replaces ``get_overwrite_module_params_on_conversion`` in the middle of a
+    module: torch calls the new getter for each later compatible tensor (and, from the
+    next module on, the swap getter is torch's again)."""
+    fut = torch.__future__
+
+    def sc(b: Base) -> Any:
+        root = pure_tree(b)
+        add_grads(root)
+        before = Index(root)
+        log: list[Any] = []
+        saved = fut.get_overwrite_module_params_on_conversion
+
+        def getter() -> bool:
+            log.append("overwrite")
+            return len(log) % 3 == 0
+
+        def fn(t: torch.Tensor) -> Any:
+            log.append(before.label(t))
+            if log[-1] == ("param", ("leaf", "v")):
+                fut.get_overwrite_module_params_on_conversion = getter
+            return t * 2
+
+        try:
+            r = outcome(lambda: before.label(root._apply(fn)))
+        finally:
+            fut.get_overwrite_module_params_on_conversion = saved
+        return r, log, describe(root, before)
+
+    out = assert_same(sc)
+    assert "overwrite" in out[1]
+
+
+@pytest.mark.parametrize("change", ["grad cleared", "grad replaced", "grad given"])
+def test_grad_changed_inside_fn(change: str) -> None:
+    """torch reads ``param.grad`` after ``fn(param)`` and ``out_param.grad`` after
+    ``fn(param_grad)``: changes ``fn`` makes there are seen (an AssertionError for a
+    grad cleared under its conversion)."""
+
+    def sc(b: Base) -> Any:
+        root = pure_tree(b)
+        add_grads(root)
+        before = Index(root)
+        w = root.leaf.w
+        other = torch.zeros_like(w)
+
+        def fn(t: torch.Tensor) -> Any:
+            label = before.label(t)
+            if change == "grad cleared" and label == ("grad", ("leaf", "w")):
+                w.grad = None
+            if change == "grad replaced" and label == ("grad", ("leaf", "w")):
+                w.grad = other
+            if change == "grad given" and label == ("param", ("leaf", "v")):
+                root.leaf.v.grad = torch.ones_like(root.leaf.v)
+            return t * 2
+
+        r = outcome(lambda: before.label(root._apply(fn)))
+        return r, describe(root, before), Same(other), w.grad is other
+
+    assert_same(sc)
 
 
 # --------------------------------------------------------------------------- 7. overrides

@@ -9,12 +9,22 @@
 //! touched, or, once some of its tensors were converted, through a replaying
 //! `fn` that lets torch finish the module exactly (`fastmodule._methods.conversion`).
 //!
-//! The native case: both `torch.__future__` conversion flags off, exact
-//! `dict` registries, parameters that are exact `Parameter`s with exact-tensor
-//! (or no) grads, and results of `fn` that are exact tensors of a compatible
-//! shallow-copy type. Then torch's code does `param.data = fn(param)` (and the
-//! same for the grad) under `no_grad`, and `_buffers[key] = fn(buf)`; that is
-//! what runs here.
+//! The native case: both `torch.__future__` conversion flags off when the
+//! module's own tensors start (where torch reads the swap flag, once per
+//! module), exact `dict` registries, parameters that are exact `Parameter`s
+//! with exact-tensor (or no) grads, and results of `fn` that are exact tensors
+//! of a compatible shallow-copy type. Then torch's code does `param.data =
+//! fn(param)` (and the same for the grad) under `no_grad`, and
+//! `_buffers[key] = fn(buf)`; that is what runs here.
+//!
+//! `fn` may release the GIL (torch's kernels do) or run Python code, so what
+//! torch's code reads after it is read after it here: the overwrite flag
+//! (`compute_should_use_set_data`, per tensor), `param.grad`, `out_param.grad`,
+//! `self._parameters` and `self._buffers` where torch assigns into them. A
+//! flag found set then replaces the parameter (or grad) as torch's code does.
+//! (Still decided once per call, at the root: which closure `fn` is, what its
+//! cells target and that the Tensor methods it calls are torch's, on which
+//! skipping a call that changes nothing rests.)
 //!
 //! A conversion that changes nothing: for torch's own closures (those of
 //! `float`/`double`/`half`/`bfloat16`/`cpu`/`to`), with no torch-function or
@@ -23,6 +33,7 @@
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
 use crate::cpython::capi;
+use crate::cpython::load_global::load_global;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{data_attr, instance_attr, truthy};
@@ -145,9 +156,6 @@ struct Ctx<'py> {
     g: &'static Globals,
     fn_: Bound<'py, PyAny>,
     spec: Spec<'py>,
-    /// The two `torch.__future__` flags, when they can be read once per call
-    /// (a recognised closure cannot change them).
-    flags: Option<(bool, bool)>,
     /// Every module's own tensors go to torch's `_apply`: a mode is active
     /// (it must see torch's exact sequence of calls) or a flag getter was
     /// replaced (it must be called as often as torch calls it).
@@ -155,11 +163,23 @@ struct Ctx<'py> {
 }
 
 impl<'py> Ctx<'py> {
-    fn flags(&self, py: Python<'py>) -> PyResult<(bool, bool)> {
-        if let Some(f) = self.flags {
-            return Ok(f);
-        }
-        Ok((self.rt.swap.get(py)?, self.rt.overwrite.get(py)?))
+    /// Both `torch.__future__` flags off, read without calling anything:
+    /// Some(true); Some(false) if one is set; None where a getter must be
+    /// called (it is no longer torch's own).
+    fn flags_off(&self, py: Python<'py>) -> PyResult<Option<bool>> {
+        Ok(
+            match (self.rt.swap.peek(py)?, self.rt.overwrite.peek(py)?) {
+                (Some(swap), Some(overwrite)) => Some(!swap && !overwrite),
+                _ => None,
+            },
+        )
+    }
+
+    /// `compute_should_use_set_data`'s read of the overwrite flag, made where
+    /// torch's code makes it: after `fn(tensor)` (which may have released the
+    /// GIL or run Python code), once per tensor whose result is compatible.
+    fn overwrite(&self, py: Python<'py>) -> PyResult<bool> {
+        self.rt.overwrite.get(py)
     }
 
     /// Does `fn(t)` return `t` itself? Only asked for exact tensors.
@@ -319,28 +339,30 @@ pub fn root<'py>(
     } else {
         spec_of(py, g, cfg, dtypes, f)?
     };
-    let mut ctx = Ctx {
+    let ctx = Ctx {
         cfg,
         rt,
         g,
         fn_: f.clone(),
         spec,
-        flags: None,
         delegate_all,
     };
-    if !matches!(ctx.spec, Spec::Unknown) {
-        ctx.flags = Some(ctx.flags(py)?);
-    }
     let recurse = recurse.is_truthy()?;
     // A recognised conversion with both flags off: a recorded walk of an
     // unchanged tree whose every tensor the conversion leaves as it is
-    // changes nothing (see crate::plans::eager).
-    let plannable = recurse && ctx.flags == Some((false, false));
+    // changes nothing (see crate::plans::eager). The flags are read again
+    // after the replay's checks, which ran no `fn` (nothing released the GIL
+    // in between) and no Python code (the replay pauses the cyclic GC, so no
+    // finalizer ran): both off then, torch's walk would have read them off at
+    // every module and tensor.
+    let plannable =
+        recurse && !matches!(ctx.spec, Spec::Unknown) && ctx.flags_off(py)? == Some(true);
     if plannable
         && crate::plans::eager::apply_is_noop(py, module, |t, is_param| {
             ctx.left_as_is(py, t, is_param)
         })
         .is_some()
+        && ctx.flags_off(py)? == Some(true)
     {
         return Ok(module.clone());
     }
@@ -449,8 +471,13 @@ fn own_tensors_with<'py>(
     if ctx.delegate_all {
         return delegate(py, ctx, module);
     }
-    let (swap, overwrite) = ctx.flags(py)?;
-    if swap || overwrite {
+    // torch's `_apply` reads the swap flag here, once per module, after its
+    // children were converted (which may have released the GIL or run
+    // Python code), and the overwrite flag for each tensor (below). Either
+    // set, or a getter that must be called: torch's code for this module,
+    // which reads them itself (reading a flag without calling anything, as
+    // here, is not observable).
+    if ctx.flags_off(py)? != Some(true) {
         return delegate(py, ctx, module);
     }
     // Reading `_buffers` ahead of torch (which reads it after the parameters)
@@ -469,13 +496,23 @@ fn own_tensors_with<'py>(
     let known = !matches!(ctx.spec, Spec::Unknown);
     let data = intern!(py, "data");
     let tensor_like = |t: &Bound<'py, PyAny>| exact(t, g.tensor) || exact(t, g.parameter);
+    // `with torch.no_grad(): fn(t)`, or `t` itself without the call where a
+    // recognised closure returns its argument (that call would only release
+    // the GIL: unobservable).
+    let apply = |t: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+        if known && ctx.unchanged(py, t)? {
+            Ok(t.clone())
+        } else {
+            ctx.call_no_grad(py, t)
+        }
+    };
     // Calls of `fn` torch's code would have made so far in this module.
     let mut calls = 0usize;
     // The exact dict just read is what `self._parameters.items()` iterates
     // (nothing ran in between).
     let mut it = Items::of_dict(&params);
     while let Some((key, p)) = it.next(py)? {
-        locals.key = Some(key);
+        locals.key = Some(key.clone());
         locals.param = Some(p.clone());
         if p.is_none() {
             continue;
@@ -485,56 +522,60 @@ fn own_tensors_with<'py>(
         if !exact(&p, g.parameter) {
             return resume(py, ctx, module, calls, None);
         }
-        if known {
-            let grad = data_attr(&p, grad_name)?;
-            if !grad.is_none() && !exact(&grad, g.tensor) {
-                return resume(py, ctx, module, calls, None);
-            }
-            if ctx.unchanged(py, &p)? && (grad.is_none() || ctx.unchanged(py, &grad)?) {
-                calls += if grad.is_none() { 1 } else { 2 };
-                // What torch's locals would hold: `fn` returned its argument.
-                locals.param_applied = Some(p.clone());
-                locals.param_grad = Some(grad.clone());
-                locals.out_param = Some(p.clone());
-                if !grad.is_none() {
-                    locals.grad_applied = Some(grad);
-                }
-                continue;
-            }
-        }
-        let applied = ctx.call_no_grad(py, &p)?;
+        let applied = apply(&p)?;
         locals.param_applied = Some(applied.clone());
         calls += 1;
+        // `compute_should_use_set_data(param, param_applied)`: a result of
+        // another type, or one not compatible, is torch's to handle.
+        let same = known && applied.is(&p);
+        let compatible = same || (tensor_like(&applied) && ctx.compatible(py, &p, &applied)?);
+        if !compatible {
+            return resume(py, ctx, module, calls - 1, Some(&applied));
+        }
+        // Re-read after `fn(param)`: the overwrite flag (its getter, as torch
+        // calls it here), then `param.grad`.
+        let overwrite = ctx.overwrite(py)?;
         let grad = data_attr(&p, grad_name)?;
         locals.param_grad = Some(grad.clone());
-        if !(known && applied.is(&p)) {
-            if tensor_like(&applied) && ctx.compatible(py, &p, &applied)? {
+        let out_param = if overwrite {
+            replace_param(py, ctx, module, &key, &p, &applied)?
+        } else {
+            // `param.data = param_applied` (to itself: nothing to do).
+            if !same {
                 p.setattr(data, &applied)?;
-            } else {
-                return resume(py, ctx, module, calls - 1, Some(&applied));
             }
-        }
-        locals.out_param = Some(p.clone());
+            p.clone()
+        };
+        locals.out_param = Some(out_param.clone());
         if grad.is_none() {
             continue;
         }
         if !exact(&grad, g.tensor) {
             return resume(py, ctx, module, calls, None);
         }
-        let grad_applied = ctx.call_no_grad(py, &grad)?;
+        let grad_applied = apply(&grad)?;
         locals.grad_applied = Some(grad_applied.clone());
         calls += 1;
-        if known && grad_applied.is(&grad) {
+        // `compute_should_use_set_data(param_grad, grad_applied)`.
+        let same = known && grad_applied.is(&grad);
+        let compatible =
+            same || (tensor_like(&grad_applied) && ctx.compatible(py, &grad, &grad_applied)?);
+        if !compatible {
+            return resume(py, ctx, module, calls - 1, Some(&grad_applied));
+        }
+        // Re-read after `fn(param_grad)`: the overwrite flag, then
+        // `out_param.grad`.
+        if ctx.overwrite(py)? {
+            replace_grad(py, &out_param, &grad, &grad_applied)?;
             continue;
         }
-        if tensor_like(&grad_applied) && ctx.compatible(py, &grad, &grad_applied)? {
-            let current = data_attr(&p, grad_name)?;
-            if current.is_none() {
-                return Err(PyAssertionError::new_err("out_param.grad must not be None"));
-            }
+        let current = data_attr(&out_param, grad_name)?;
+        if current.is_none() {
+            return Err(PyAssertionError::new_err("out_param.grad must not be None"));
+        }
+        // `out_param.grad.data = grad_applied` (to itself: nothing to do).
+        if !(same && current.is(&grad)) {
             current.setattr(data, &grad_applied)?;
-        } else {
-            return resume(py, ctx, module, calls - 1, Some(&grad_applied));
         }
     }
     let buffers_name = intern!(py, "_buffers");
@@ -559,4 +600,72 @@ fn own_tensors_with<'py>(
         module.getattr(buffers_name)?.set_item(&key, &applied)?;
     }
     Ok(())
+}
+
+/// torch's branch for a parameter whose result is not set into it (the
+/// overwrite flag read set):
+///
+/// ```python
+/// if not isinstance(param, Parameter): raise AssertionError("param must be a Parameter")
+/// if not param.is_leaf: raise AssertionError("param must be a leaf tensor")
+/// out_param = Parameter(param_applied, param.requires_grad)
+/// self._parameters[key] = out_param
+/// ```
+///
+/// Each name read as torch's code reads it (module.py's globals, the
+/// attributes of `param` and `self`); the new parameter is returned.
+fn replace_param<'py>(
+    py: Python<'py>,
+    ctx: &Ctx<'py>,
+    module: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    param: &Bound<'py, PyAny>,
+    applied: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let global = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: module.py's globals, a dict held for the process.
+        match unsafe { load_global(ctx.g.module_globals, name.as_ptr()) } {
+            Ok(v) => Ok(unsafe { Bound::from_owned_ptr(py, v.into_ptr()) }),
+            Err(()) => Err(PyErr::fetch(py)),
+        }
+    };
+    let parameter = intern!(py, "Parameter");
+    let isinstance = global(intern!(py, "isinstance"))?;
+    if !isinstance.call1((param, global(parameter)?))?.is_truthy()? {
+        return Err(PyAssertionError::new_err("param must be a Parameter"));
+    }
+    if !param.getattr(intern!(py, "is_leaf"))?.is_truthy()? {
+        return Err(PyAssertionError::new_err("param must be a leaf tensor"));
+    }
+    let cls = global(parameter)?;
+    let out = cls.call1((applied, param.getattr(intern!(py, "requires_grad"))?))?;
+    module
+        .getattr(intern!(py, "_parameters"))?
+        .set_item(key, &out)?;
+    Ok(out)
+}
+
+/// torch's branch for a grad whose result is not set into it (the overwrite
+/// flag read set):
+///
+/// ```python
+/// if not param_grad.is_leaf: raise AssertionError("param_grad must be a leaf tensor")
+/// out_param.grad = grad_applied.requires_grad_(param_grad.requires_grad)
+/// ```
+fn replace_grad<'py>(
+    py: Python<'py>,
+    out_param: &Bound<'py, PyAny>,
+    grad: &Bound<'py, PyAny>,
+    grad_applied: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    if !grad.getattr(intern!(py, "is_leaf"))?.is_truthy()? {
+        return Err(PyAssertionError::new_err(
+            "param_grad must be a leaf tensor",
+        ));
+    }
+    let new = grad_applied.call_method1(
+        intern!(py, "requires_grad_"),
+        (grad.getattr(intern!(py, "requires_grad"))?,),
+    )?;
+    out_param.setattr(intern!(py, "grad"), new)
 }

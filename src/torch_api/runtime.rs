@@ -3,6 +3,7 @@
 //! `torch.__future__`'s conversion flags (read as torch's code reads them,
 //! `torch.__future__.get_<flag>()`, but without a Python frame while the
 //! getter installed there is torch's own `return <global>`).
+use crate::cpython::capi;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -65,6 +66,11 @@ impl Runtime {
 
 pub struct Flag {
     getter: Py<PyAny>,
+    /// The getter's code as torch defines it: a getter whose `__code__` was
+    /// replaced is called, not read around.
+    code: Py<PyAny>,
+    /// `torch.__future__`, where torch's code looks the getter up.
+    module: Py<PyAny>,
     name: Py<PyString>,
     /// `torch.__future__.__dict__`.
     globals: Py<PyDict>,
@@ -84,6 +90,7 @@ impl Flag {
             .cast_into::<PyString>()
             .map_err(|_| PyRuntimeError::new_err("fastmodule: unexpected torch.__future__"))?;
         let code = getter.getattr(intern!(py, "__code__"))?;
+        let module = py.import(intern!(py, "torch.__future__"))?.into_any();
         let names = code
             .getattr(intern!(py, "co_names"))?
             .cast_into::<PyTuple>()?;
@@ -95,36 +102,81 @@ impl Flag {
         };
         Ok(Flag {
             getter: getter.clone().unbind(),
+            code: code.unbind(),
+            module: module.unbind(),
             name: name.unbind(),
             globals: globals.unbind(),
             global,
         })
     }
 
-    /// Is `torch.__future__.get_<flag>` still torch's own getter? (If not,
-    /// callers leave the reading to torch's code, which calls it.)
+    /// Is `torch.__future__.get_<flag>` still torch's own getter, with its
+    /// own code? (If not, callers leave the reading to torch's code, which
+    /// calls it.)
     pub fn is_original(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self
             .globals
             .bind(py)
             .get_item(self.name.bind(py))?
-            .is_some_and(|f| f.is(self.getter.bind(py))))
+            .is_some_and(|f| self.own(&f)))
     }
 
-    /// `bool(torch.__future__.get_<flag>())`.
-    pub fn get(&self, py: Python<'_>) -> PyResult<bool> {
-        let globals = self.globals.bind(py);
-        let current = globals.get_item(self.name.bind(py))?;
-        if let (Some(cur), Some(global)) = (&current, &self.global) {
-            if cur.is(self.getter.bind(py)) {
-                if let Some(v) = globals.get_item(global.bind(py))? {
-                    return v.is_truthy();
-                }
+    /// `f` is torch's getter with its code.
+    fn own(&self, f: &Bound<'_, PyAny>) -> bool {
+        let py = f.py();
+        // SAFETY: `f` is torch's getter, a Python function.
+        f.is(self.getter.bind(py))
+            && unsafe { capi::PyFunction_GetCode(f.as_ptr()) } == self.code.as_ptr()
+    }
+
+    /// The flag read without a call, while the getter installed is torch's
+    /// own `return <global>` (reading the global is then exactly what
+    /// calling it returns, and calling it runs nothing else): Some(truth).
+    /// None: the getter must be called, where torch's code calls it.
+    pub fn peek(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        let Some(global) = &self.global else {
+            return Ok(None);
+        };
+        let globals = self.globals.as_ptr();
+        // SAFETY: with the GIL; `globals` is a dict held by `self`, both keys
+        // are str. Borrowed results are used before anything else runs (a
+        // colliding key's `__eq__` may run inside a lookup, as in the
+        // getter's own `LOAD_GLOBAL`), and the value is held for its test.
+        unsafe {
+            let f = capi::PyDict_GetItemWithError(globals, self.name.as_ptr());
+            if f != self.getter.as_ptr() || capi::PyFunction_GetCode(f) != self.code.as_ptr() {
+                return match PyErr::take(py) {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                };
             }
+            let v = capi::PyDict_GetItemWithError(globals, global.as_ptr());
+            if v.is_null() {
+                // The getter would raise its NameError: let it.
+                return match PyErr::take(py) {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                };
+            }
+            if v == capi::Py_True() || v == capi::Py_False() {
+                return Ok(Some(v == capi::Py_True()));
+            }
+            Ok(Some(Bound::from_borrowed_ptr(py, v).is_truthy()?))
         }
-        match current {
-            Some(f) => f.call0()?.is_truthy(),
-            None => self.getter.bind(py).call0()?.is_truthy(),
+    }
+
+    /// `torch.__future__.get_<flag>()`'s truth, read as torch's code reads
+    /// it, at the moment the caller reproduces that read: the global while
+    /// the getter is torch's own (`peek`), else whatever
+    /// `torch.__future__.get_<flag>` is now, called once.
+    pub fn get(&self, py: Python<'_>) -> PyResult<bool> {
+        if let Some(v) = self.peek(py)? {
+            return Ok(v);
         }
+        self.module
+            .bind(py)
+            .getattr(self.name.bind(py))?
+            .call0()?
+            .is_truthy()
     }
 }

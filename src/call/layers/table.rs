@@ -88,6 +88,8 @@ pub(super) struct Layer {
     pub(super) kind: Kind,
     forward: Obj,
     code: Obj,
+    /// `forward.__globals__` (a function's globals are never rebound).
+    globals: Obj,
     guard: Guard,
     /// The objects the native steps call, in the order of the kind's names.
     pub(super) o: Box<[Obj]>,
@@ -168,6 +170,21 @@ impl Guard {
     }
 }
 
+impl Layer {
+    /// Does the guard still hold? Asked again by a step that continues after
+    /// a call that may have released the GIL or run Python code, where
+    /// torch's code reads a guarded global or runs a guarded function.
+    #[inline(always)]
+    pub(super) unsafe fn guard_holds(&self) -> bool {
+        self.guard.pass()
+    }
+
+    /// The globals torch's `forward` reads.
+    pub(super) fn globals(&self) -> Obj {
+        self.globals
+    }
+}
+
 /// Interned attribute names and keyword-name tuples, and objects every family
 /// uses.
 pub(super) struct Common {
@@ -180,6 +197,8 @@ pub(super) struct Common {
     pub(super) one: Obj,
     pub(super) minus_one: Obj,
     pub(super) float_one: Obj,
+    /// The global name `F` (`torch.nn.functional` in the layer modules).
+    pub(super) f_global: Obj,
     pub(super) s: Strs,
     /// `torch.Tensor.dim` and `.size` as torch defines them (C methods).
     tensor_dim: Obj,
@@ -194,7 +213,7 @@ impl Common {
     /// or recording tool) makes the whole call torch's `forward`, before any
     /// step, so it is called exactly as often as on stock.
     #[inline(always)]
-    unsafe fn tensor_methods_intact(&self) -> bool {
+    pub(super) unsafe fn tensor_methods_intact(&self) -> bool {
         [self.tensor, self.parameter].iter().all(|&t| {
             type_lookup(t.cast(), self.s.dim) == self.tensor_dim
                 && type_lookup(t.cast(), self.s.size) == self.tensor_size
@@ -252,6 +271,8 @@ strs!(
     cudnn,
     enabled,
     zeros,
+    float,
+    batch_norm,
 );
 
 /// Keyword-name tuples of the calls the steps make.
@@ -319,6 +340,7 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         one: 1i64.into_pyobject(py)?.into_ptr(),
         minus_one: (-1i64).into_pyobject(py)?.into_ptr(),
         float_one: 1.0f64.into_pyobject(py)?.into_ptr(),
+        f_global: pyo3::types::PyString::intern(py, "F").into_ptr(),
         s,
     };
     let tuple = |names: &[&str]| PyTuple::new(py, names).map(|t| t.into_ptr());
@@ -338,6 +360,7 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
         let item = |k: &str| spec.get_item(k)?.ok_or_else(|| err(&format!("{name}.{k}")));
         let forward = item("forward")?;
         let code = forward.getattr("__code__")?;
+        let globals = forward.getattr("__globals__")?;
         let objs = item("objs")?;
         let objs = objs.cast::<PyDict>()?;
         let mut o = Vec::new();
@@ -406,6 +429,7 @@ pub(super) fn init(py: Python<'_>, config: &Bound<'_, PyDict>) -> PyResult<()> {
             kind,
             forward: owned(&forward),
             code: owned(&code),
+            globals: owned(&globals),
             guard: Guard {
                 entries: entries.into(),
                 dicts: dicts.into(),
