@@ -31,8 +31,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HEADER = """
@@ -373,12 +371,6 @@ def test_conv_with_a_non_str_instance_key_from_a_pre_hook() -> None:
     assert_same(LAYER_DICT_KEY_FROM_PRE_HOOK.replace("{make}", make))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/call/layers/norms.rs batch_norm asks PyDict_Contains of an instance dict "
-    "that may not be quiet (reported in issue 35's audit; norms.rs is being changed "
-    "elsewhere)",
-)
 def test_batch_norm_with_a_non_str_instance_key_from_a_pre_hook() -> None:
     make = "nn.BatchNorm1d(3).eval(), torch.ones(2, 3), '_check_input_dim'"
     assert_same(LAYER_DICT_KEY_FROM_PRE_HOOK.replace("{make}", make))

@@ -73,12 +73,16 @@ const BN_OP: usize = 3;
 pub(super) unsafe fn batch_norm(l: &Layer, c: &Common, slf: Obj, input: Obj) -> Option<Obj> {
     let s = &c.s;
     // `self._check_input_dim(input)`: the class's function, no instance attribute.
+    // Asked only of a quiet dict (a forward pre-hook may have given it a non-str
+    // key since the call's checks): elsewhere the lookup would run a key's
+    // `__eq__` that torch's own read then runs again.
     let tp = capi::Py_TYPE(slf);
     let dict = instance_dict(slf);
     let check = type_lookup(tp, s._check_input_dim);
     let one_d = check == l.o[CHECK_1D];
     if !(one_d || check == l.o[CHECK_2D])
         || dict.is_null()
+        || !crate::cpython::quiet::dict(dict)
         || capi::PyDict_Contains(dict, s._check_input_dim) != 0
     {
         capi::PyErr_Clear();
