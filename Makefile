@@ -156,7 +156,7 @@ check-next-python:
 # check-wheels fails on its missing wheels (`make wheels ARCHS=x86_64` leaves it out).
 # One wheel at a time; the time each build takes is printed.
 ARCHS ?= x86_64 aarch64
-WHEEL_VERSIONS := 3.11 3.12 3.13
+WHEEL_VERSIONS := 3.11 3.12 3.13 3.14
 MANYLINUX := manylinux_2_28
 HOST_ARCH := $(shell uname -m)
 # check-wheels installs each wheel of this machine's architecture into a clean venv
@@ -182,16 +182,23 @@ wheels: $(VENV)/.wheel-tools
 	    echo "*** (or build without them: make wheels ARCHS=$(HOST_ARCH))"; \
 	    continue; \
 	  fi; \
-	  if [ $$arch = $(HOST_ARCH) ]; then pys="$(PY311) $(PY312) $(PY313)"; \
+	  if [ $$arch = $(HOST_ARCH) ]; then pys="$(PY311) $(PY312) $(PY313) $(PY314_WHEEL)"; \
 	  else pys="$(addprefix python,$(WHEEL_VERSIONS))"; fi; \
 	  for py in $$pys; do \
-	    start=$$(date +%s); \
-	    PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
-	      --compatibility $(MANYLINUX) --target $$target --out dist --interpreter $$py; \
+	    start=$$(date +%s); cfg=; \
+	    case $$py in *3.14*) cfg=$(abspath .ci/pyo3-py314.cfg);; esac; \
+	    PYO3_CONFIG_FILE=$$cfg PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build \
+	      --release --zig --compatibility $(MANYLINUX) --target $$target --out dist \
+	      --interpreter $$py; \
 	    echo "*** built $$arch wheel for $$py in $$(( $$(date +%s) - start ))s"; \
 	  done; \
 	done
 	$(MAKE) check-wheels
+
+# The host's cp314 wheel: built against the 3.14 root's interpreter (make test-py314
+# builds the root; maturin asks it about itself through scripts/py314/in_root.sh) and
+# the checked-in pyo3 config, smoke-tested inside the root by check-wheels.
+PY314_WHEEL := $(abspath scripts/py314/python3.14)
 
 check-wheels: $(VENV)/.wheel-tools
 	PY311=$(PY311) PY312=$(PY312) PY313=$(PY313) AUDITWHEEL=$(VENV)/bin/auditwheel \
