@@ -67,15 +67,17 @@ def run_child(items: list[Item], seconds: float) -> tuple[dict[Item, Outcome], s
     argv = [sys.executable, "-X", "faulthandler", "-m", "tests.thread_stress_support"]
     out: dict[Item, Outcome] = {}
     lines: queue.Queue[str | None] = queue.Queue()
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
+    with (
+        tempfile.TemporaryFile("w+") as err,
+        subprocess.Popen(
             [*argv, str(seconds), *(f"{side}:{name}" for side, name in items)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
-        )
+        ) as proc,
+    ):
         assert proc.stdout is not None
 
         def read(stream: Any = proc.stdout) -> None:
@@ -83,6 +85,7 @@ def run_child(items: list[Item], seconds: float) -> tuple[dict[Item, Outcome], s
                 lines.put(line)
             lines.put(None)
 
+        # A reader thread: the wait for each line has a timeout (a hung child).
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         current: Item | None = None
@@ -142,7 +145,7 @@ def run_lane(items: list[Item], seconds: float) -> dict[Item, Outcome]:
 
 #: The HF scenario's first model costs the child seconds of imports (transformers,
 #: torch._dynamo): its stock and fast runs share one child, worth this many others.
-HF_WEIGHT = 10
+HF_WEIGHT = 14
 
 
 def lanes(items: list[Item]) -> list[list[Item]]:

@@ -1171,11 +1171,13 @@ def scenario_walks(side: str, seconds: float, report: Report) -> None:
 
 
 def relation_root(side: str) -> nn.Module:
-    """A root whose first child holds 200 parameters: a whole-tree call spends most of
-    its time there, releasing the GIL in each kernel, before it reaches ``m1``/``m2``."""
+    """A root whose first child holds 100 parameters: a whole-tree call spends most of
+    its time there, releasing the GIL in each kernel, before it reaches ``m1``/``m2``.
+    (Small tensors: what counts is how often the GIL is released, and each round is
+    cheap, so a short run has many rounds.)"""
     root = base_of(side)()
     root.m0 = base_of(side)()
-    for j in range(200):
+    for j in range(100):
         root.m0.register_parameter(f"p{j}", nn.Parameter(torch.zeros(4, 4)))
     return root
 
@@ -1188,7 +1190,7 @@ def scenario_state_dict_order(side: str, seconds: float, report: Report) -> None
     (a) of step i before it, and must hold ``m2.weight = P_j`` with j >= i (a replay
     holding tensors from its start and reading the set live breaks this). The
     ``keep_vars=True`` dict must hold ``P_j`` itself."""
-    k_max = 50
+    k_max = 30
 
     class Bufs(base_of(side)):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -1200,7 +1202,7 @@ def scenario_state_dict_order(side: str, seconds: float, report: Report) -> None
     runs = useful = 0
     bad: list[str] = []
     deadline = time.monotonic() + seconds
-    for r in until(deadline, 5):
+    for r in until(deadline, 40):
         root = relation_root(side)
         root.m1 = Bufs()
         root.m2 = nn.Linear(1, 1, bias=False)
@@ -1268,7 +1270,7 @@ def scenario_load_order(side: str, seconds: float, report: Report) -> None:
     runs = useful = 0
     bad: list[str] = []
     deadline = time.monotonic() + seconds
-    for _ in until(deadline, 5):
+    for _ in until(deadline, 25):
         root = build()
         root.load_state_dict(zeros)
         root.load_state_dict(zeros)  # recorded, then replayed
@@ -1333,7 +1335,7 @@ def scenario_gc_state(side: str, seconds: float, report: Report) -> None:
     def work() -> None:
         # Each call repeated: the first after a change records, the next ones replay.
         try:
-            for i in until(deadline, 5):
+            for i in until(deadline, 2):
                 for _ in range(3):
                     model.state_dict()
                 for _ in range(3):
@@ -1397,7 +1399,7 @@ def scenario_bn_order(side: str, seconds: float, report: Report) -> None:
     runs = useful = 0
     bad = []
     deadline = time.monotonic() + seconds
-    for _ in until(deadline, 20):
+    for _ in until(deadline, 100):
         bn = fast_if(side, nn.BatchNorm1d(3))
         entered = threading.Event()
         bn.register_forward_pre_hook(lambda m, a, entered=entered: entered.set())
@@ -1445,7 +1447,7 @@ def scenario_apply_flag(side: str, seconds: float, report: Report) -> None:
     bad = 0
     deadline = time.monotonic() + seconds
     try:
-        for _ in until(deadline, 5):
+        for _ in until(deadline, 25):
             root = relation_root(side)
             root.m1 = nn.Linear(1, 1, bias=False)
             root.m2 = nn.Linear(1, 1, bias=False)
