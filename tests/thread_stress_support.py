@@ -226,9 +226,10 @@ class StartLine:
         while not self.go:
             pass
 
-    def start(self) -> None:
-        """In the main thread, right before its call: wait for the mutator, start."""
-        while not self.ready:
+    def start(self, mutator: threading.Thread) -> None:
+        """In the main thread, right before its call: wait for the mutator (unless it
+        died first), start."""
+        while not self.ready and mutator.is_alive():
             pass
         self.go = True
 
@@ -690,7 +691,7 @@ def run_model_case(case: ModelCase, side: str, seconds: float, report: Report) -
         spawn("caller", caller, errors) for _ in range(2)
     ]
     join_all(threads, deadline, report)
-    watch.finish(deadline, report)
+    watch.finish(time.monotonic(), report)
     starts = [w[0] for w in windows]
     allowed = Errors(case.may_raise)
     for start, end, e in raised:
@@ -895,7 +896,7 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
         spawn("caller", caller, errors) for _ in range(2)
     ]
     join_all(threads, deadline, report)
-    watch.finish(deadline, report)
+    watch.finish(time.monotonic(), report)
     errors.into(report)
     report.stats.update(calls=len(calls), steps=steps_done[0], temporary_runs=len(temp_runs))
     if report.hung:
@@ -1130,7 +1131,7 @@ def scenario_walks(side: str, seconds: float, report: Report) -> None:
         spawn("walker", lambda w=w: walker(w), errors) for w in range(2)
     ]
     join_all(threads, deadline, report)
-    watch.finish(deadline, report)
+    watch.finish(time.monotonic(), report)
     errors.into(report)
     report.stats.update(steps=steps[0], yielded=len(found), state_dicts=len(sd_values))
     if report.hung:
@@ -1230,9 +1231,9 @@ def scenario_state_dict_order(side: str, seconds: float, report: Report) -> None
                 root.m1.register_buffer(f"b{i}", root.m1._buffers[f"b{i}"], persistent=False)
 
         t = spawn("mutator", mutate, errors)
-        go.start()
+        go.start(t)
         sd = root.state_dict(keep_vars=keep_vars)
-        join_all([t], deadline, report)
+        join_all([t], time.monotonic(), report)  # each round's own grace
         if report.hung:
             break
         runs += 1
@@ -1302,12 +1303,12 @@ def scenario_load_order(side: str, seconds: float, report: Report) -> None:
             seen.append(m1._version == v_m1)  # (b): m1's copy_ has not returned
 
         t = spawn("mutator", mutate, errors)
-        go.start()
+        go.start(t)
         try:
             root.load_state_dict(fives)
         finally:
             done.set()
-        join_all([t], deadline, report)
+        join_all([t], time.monotonic(), report)  # each round's own grace
         if report.hung:
             break
         runs += 1
@@ -1374,7 +1375,7 @@ def scenario_gc_state(side: str, seconds: float, report: Report) -> None:
     watch = GcWatch(errors)
     threads = [spawn("worker", work, errors)]
     join_all(threads, deadline, report)
-    watch.finish(deadline, report)
+    watch.finish(time.monotonic(), report)
     # The own-disable check runs after the watcher stopped (its gc.disable() is seen
     # by no poll), against a second round of work.
     stop.clear()
@@ -1419,7 +1420,7 @@ def scenario_bn_order(side: str, seconds: float, report: Report) -> None:
         t = spawn("mutator", mutate, errors)
         with torch.no_grad():
             bn(x)
-        join_all([t], deadline, report)
+        join_all([t], time.monotonic(), report)  # each round's own grace
         if report.hung:
             break
         runs += 1
@@ -1477,12 +1478,12 @@ def scenario_apply_flag(side: str, seconds: float, report: Report) -> None:
                 seen.append(root.m1.weight.dtype)
 
             t = spawn("mutator", mutate, errors)
-            go.start()
+            go.start(t)
             try:
                 root.double()
             finally:
                 done.set()
-            join_all([t], deadline, report)
+            join_all([t], time.monotonic(), report)  # each round's own grace
             fut.set_overwrite_module_params_on_conversion(was)
             if report.hung:
                 break
