@@ -1207,7 +1207,7 @@ def scenario_state_dict_order(side: str, seconds: float, report: Report) -> None
     runs = useful = 0
     bad: list[str] = []
     deadline = time.monotonic() + seconds
-    for r in until(deadline, 40):
+    for r in until(deadline, 120):
         root = relation_root(side)
         root.m1 = Bufs()
         root.m2 = nn.Linear(1, 1, bias=False)
@@ -1275,7 +1275,7 @@ def scenario_load_order(side: str, seconds: float, report: Report) -> None:
     runs = useful = 0
     bad: list[str] = []
     deadline = time.monotonic() + seconds
-    for _ in until(deadline, 25):
+    for _ in until(deadline, 120):
         root = build()
         root.load_state_dict(zeros)
         root.load_state_dict(zeros)  # recorded, then replayed
