@@ -753,14 +753,26 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
     - every call returns exactly the output computed before the threads started;
     - the permanent hooks (pre and post on the root, pre and post on ``body``) run
       exactly once per call, in the order root pre, body pre, body post, root post;
-    - a temporary hook (the mutator registers and removes them, local and global)
-      runs at most once per call, never for a call that started after its
-      ``remove()`` returned, and exactly once for a call made entirely between its
-      registration and the start of its removal (torch reads the hook dicts when
-      the call reaches them);
+    - a temporary hook (the mutator registers and removes them: pre and post, on the
+      root, on ``body`` and global) runs at most once per call, and when torch reads
+      the hook dicts: a pre-hook's between the module's call and its ``forward``, a
+      post-hook's between ``forward`` returning and the call returning (the forwards
+      record when they start and end). So a hook whose ``remove()`` returned before
+      that window is not run, and one registered before it and not yet being removed
+      after it is run;
     - nothing raises.
     """
     base = base_of(side)
+    local = threading.local()
+    seq = itertools.count()  # next() is atomic under the GIL: a global order of events
+    # (thread id, call) -> [forward start, forward end], for the root and for body.
+    spans: dict[str, dict[tuple[int, int], list[int]]] = {"root": {}, "body": {}}
+
+    def timed(where: str, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        span = spans[where][(threading.get_ident(), local.call)] = [next(seq), -1]
+        y = forward()
+        span[1] = next(seq)
+        return y
 
     class Body(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -770,7 +782,7 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
             self.lin2 = nn.Linear(16, 8)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.lin2(self.act(self.lin1(x)))
+            return timed("body", lambda: self.lin2(self.act(self.lin1(x))))
 
     class Hooked(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -779,22 +791,24 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
             self.head = nn.Linear(8, 4)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(self.body(x))
+            return timed("root", lambda: self.head(self.body(x)))
 
     torch.manual_seed(0)
     model = fast_if(side, Hooked())
     fast_if(side, nn.Sequential(nn.Linear(1, 1)))
     x = seeded((3, 8), torch.float32, 5)
+    local.call = -1
     with torch.no_grad():
         expected = model(x)
+    for d in spans.values():
+        d.clear()
     start_state = copy.deepcopy(model.state_dict())
 
-    local = threading.local()
-    seq = itertools.count()  # next() is atomic under the GIL: a global order of events
     events: dict[tuple[int, int], list[str]] = {}  # (thread id, call) -> permanent hooks run
     temp_runs: list[tuple[str, int, int]] = []  # (hook, thread id, call)
     calls: list[tuple[int, int, int, int]] = []  # (thread id, call, start seq, end seq)
-    temp_life: dict[str, list[float]] = {}  # hook -> [registered, removal started, removed]
+    # hook -> (pre or post, root or body, registered, removal started, removed)
+    temp_life: dict[str, list[Any]] = {}
 
     def permanent(name: str) -> Callable[..., None]:
         def hook(*args: Any) -> None:
@@ -807,11 +821,11 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
     model.body.register_forward_pre_hook(permanent("body pre"), prepend=True)
     model.body.register_forward_hook(permanent("body post"), always_call=True)
 
-    def temporary(name: str, where: str) -> Callable[..., None]:
+    def temporary(name: str, is_global: bool) -> Callable[..., None]:
         def hook(module: nn.Module, *args: Any) -> None:
-            # Global hooks run for every module: count only the root's calls.
-            if where != "global" or module is model:
-                temp_runs.append((name, threading.get_ident(), getattr(local, "call", -1)))
+            # A global hook runs for every module: count only the root's calls.
+            if not is_global or module is model:
+                temp_runs.append((name, threading.get_ident(), local.call))
 
         return hook
 
@@ -821,38 +835,41 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
     steps_done = [0]
     mod = torch.nn.modules.module
 
+    def register(i: int) -> tuple[str, Any]:
+        """The i-th temporary hook: pre or post, on the root, on body, or global."""
+        name, kind = f"t{i}", ("pre", "post")[i % 2]
+        where = ("root", "body", "global")[(i // 2) % 3]
+        hook = temporary(name, where == "global")
+        if where == "global":
+            register = (
+                mod.register_module_forward_pre_hook
+                if kind == "pre"
+                else mod.register_module_forward_hook
+            )
+            h = register(hook)
+        else:
+            target = model if where == "root" else model.body
+            if kind == "pre":
+                h = target.register_forward_pre_hook(hook, prepend=i % 5 == 0)
+            else:
+                h = target.register_forward_hook(hook, always_call=i % 3 == 0)
+        temp_life[name] = [kind, "body" if where == "body" else "root", next(seq), -1, -1]
+        return name, h
+
+    def unregister(name: str, handle: Any) -> None:
+        temp_life[name][3] = next(seq)
+        handle.remove()
+        temp_life[name][4] = next(seq)
+
     def mutate() -> None:
         alive: list[tuple[str, Any]] = []
         try:
             for i in until(deadline, 40):
                 k = i % 8
                 if k in (0, 4):
-                    # Only on modules never replaced (a hook on a replaced module leaves
-                    # the tree with it): the root, body, body.lin2, and globally.
-                    where = ["root", "body", "lin2", "global"][(i // 8) % 4]
-                    name = f"t{i}"
-                    hook = temporary(name, where)
-                    if where == "global":
-                        h = (
-                            mod.register_module_forward_hook
-                            if i % 16
-                            else mod.register_module_forward_pre_hook
-                        )(hook)
-                    else:
-                        target = {"root": model, "body": model.body, "lin2": model.body.lin2}[where]
-                        if k == 0:
-                            h = target.register_forward_hook(
-                                hook, with_kwargs=False, always_call=i % 3 == 0
-                            )
-                        else:
-                            h = target.register_forward_pre_hook(hook, prepend=i % 5 == 0)
-                    temp_life[name] = [next(seq), 0, 0]
-                    alive.append((name, h))
+                    alive.append(register(i))
                     if len(alive) > 2:
-                        old, handle = alive.pop(0)
-                        temp_life[old][1] = next(seq)
-                        handle.remove()
-                        temp_life[old][2] = next(seq)
+                        unregister(*alive.pop(0))
                 elif k == 1:
                     model.body.act = nn.ReLU()
                 elif k == 2:
@@ -877,9 +894,7 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
                 steps_done[0] = i + 1
         finally:
             for old, handle in alive:
-                temp_life[old][1] = next(seq)
-                handle.remove()
-                temp_life[old][2] = next(seq)
+                unregister(old, handle)
             stop.set()
 
     bad_outputs = [0]
@@ -919,22 +934,35 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
     runs = Counter(temp_runs)
     twice = [k for k, c in runs.items() if c > 1]
     report.check(not twice, f"temporary hooks run twice in one call: {twice[:3]}")
-    span = {(t, n): (s, e) for t, n, s, e in calls}
-    late = [(h, t, n) for h, t, n in runs if (t, n) in span and span[(t, n)][0] > temp_life[h][2]]
-    report.check(not late, f"hooks run for calls started after their removal: {late[:3]}")
-    # Calls by start: those within a hook's lifetime are found by bisection.
-    by_start = sorted((s_, e_, t, n) for (t, n), (s_, e_) in span.items())
+
+    def window(kind: str, where: str, key: tuple[int, int], start: int, end: int) -> tuple:
+        """When torch reads this hook's dict in this call: (after, before)."""
+        root, body = spans["root"][key], spans["body"][key]
+        if where == "root":
+            return (start, root[0]) if kind == "pre" else (root[1], end)
+        return (root[0], body[0]) if kind == "pre" else (body[1], root[1])
+
+    span = {(t, n): (s_, e_) for t, n, s_, e_ in calls}
+    late = []
+    for h, t, n in runs:
+        kind, where, _, _, rm_done = temp_life[h]
+        if (t, n) in span and rm_done < window(kind, where, (t, n), *span[(t, n)])[0]:
+            late.append((h, kind, where, t, n))
+    missed = []
+    by_start = sorted((s_, e_, t, n) for t, n, s_, e_ in calls)
     call_starts = [c[0] for c in by_start]
-    missed = [
-        (h, t, n)
-        for h, (reg, rm_start, _) in temp_life.items()
-        for s_, e_, t, n in itertools.takewhile(
-            lambda c, rm_start=rm_start: c[0] < rm_start,
-            itertools.islice(by_start, bisect.bisect(call_starts, reg), None),
-        )
-        if e_ < rm_start and (h, t, n) not in runs
-    ]
-    report.check(not missed, f"hooks registered for a whole call not run for it: {missed[:3]}")
+    for h, (kind, where, reg, rm_start, _) in temp_life.items():
+        # The calls running at the registration or started after it, until the
+        # removal started: at most one per caller thread started before it.
+        first = max(0, bisect.bisect(call_starts, reg) - 2)
+        for s_, e_, t, n in itertools.islice(by_start, first, None):
+            if s_ > rm_start:
+                break
+            lo, hi = window(kind, where, (t, n), s_, e_)
+            if reg < lo and hi < rm_start and (h, t, n) not in runs:
+                missed.append((h, kind, where, t, n))
+    report.check(not late, f"hooks run although removed before torch reads them: {late[:3]}")
+    report.check(not missed, f"hooks registered when torch reads them not run: {missed[:3]}")
     after = model.state_dict()
     report.check(
         all(torch.equal(after[k], v) for k, v in start_state.items()),
