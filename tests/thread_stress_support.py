@@ -837,8 +837,9 @@ def scenario_hooks(side: str, seconds: float, report: Report) -> None:
 
     def register(i: int) -> tuple[str, Any]:
         """The i-th temporary hook: pre or post, on the root, on body, or global."""
-        name, kind = f"t{i}", ("pre", "post")[i % 2]
-        where = ("root", "body", "global")[(i // 2) % 3]
+        # The mutator registers at every fourth step: cycle through the six kinds.
+        name, kind = f"t{i}", ("pre", "post")[(i // 4) % 2]
+        where = ("root", "body", "global")[(i // 8) % 3]
         hook = temporary(name, where == "global")
         if where == "global":
             register = (
