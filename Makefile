@@ -23,9 +23,9 @@ TORCH_LATEST := 2.15
 PY := 3.11
 TORCH := $(TORCH_LATEST)
 
-.PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
-	bench bench-instructions lint check-next-python wheels check-wheels gpu-check gpu-check-dry \
-	gpu-check-bundle test-aarch64 test-py314 clean
+.PHONY: setup build-dev build-prod test test-repros test-threads test-cell test-matrix test-debug \
+	test-memcheck bench bench-instructions lint check-next-python wheels check-wheels gpu-check \
+	gpu-check-dry gpu-check-bundle test-aarch64 test-py314 clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -64,6 +64,14 @@ build-prod: setup
 test: build-prod
 	@echo "test seed: $(SEED) (replay this order: make test SEED=$(SEED))"
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The thread-stress suite (tests/test_thread_stress.py, part of `make test` at a fraction of a
+# second per scenario) for longer: each scenario on each side stresses STRESS_SECONDS.
+STRESS_SECONDS := 20
+test-threads: build-prod
+	@echo "test-threads seed: $(SEED) (replay: make test-threads SEED=$(SEED))"
+	FASTMODULE_STRESS_SECONDS=$(STRESS_SECONDS) $(VPY) -m pytest tests/test_thread_stress.py -q \
+		-p no:cacheprovider -p randomly --randomly-seed=$(SEED)
 
 # The shared reproducers of confirmed defects (../shared/reference/repros, beside the
 # repository; skipped where a checkout has no such folder), each on stock and on
