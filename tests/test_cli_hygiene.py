@@ -83,6 +83,10 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        # A suite started in the background of a shell without job control inherits
+        # SIGINT ignored, and so would the child (Python then installs no handler):
+        # the child starts with the default, as a program run from a terminal does.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
