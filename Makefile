@@ -23,7 +23,8 @@ TORCH_LATEST := 2.15
 PY := 3.11
 TORCH := $(TORCH_LATEST)
 
-.PHONY: setup build-dev build-prod test test-repros test-cell test-matrix test-debug test-memcheck \
+.PHONY: setup build-dev build-prod test test-unverified test-repros test-cell test-matrix \
+	test-debug test-memcheck \
 	bench bench-instructions lint check-py314 wheels check-wheels gpu-check gpu-check-dry \
 	gpu-check-bundle test-aarch64 test-py314 clean
 
@@ -64,6 +65,14 @@ build-prod: setup
 test: build-prod
 	@echo "test seed: $(SEED) (replay this order: make test SEED=$(SEED))"
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The suite in the stock fallback an interpreter fastmodule has not verified gets
+# (FASTMODULE_UNVERIFIED=1: no native path on): the parity tests must pass there; the
+# tests of what only the native paths do skip, each with its reason (requires_native,
+# tests/conftest.py).
+test-unverified: build-prod
+	@echo "test-unverified seed: $(SEED) (replay: make test-unverified SEED=$(SEED))"
+	FASTMODULE_UNVERIFIED=1 $(VPY) -m pytest $(PYTEST_ARGS)
 
 # The shared reproducers of confirmed defects (../shared/reference/repros, beside the
 # repository; skipped where a checkout has no such folder), each on stock and on
