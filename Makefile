@@ -23,9 +23,9 @@ TORCH_LATEST := 2.15
 PY := 3.11
 TORCH := $(TORCH_LATEST)
 
-.PHONY: setup build-dev build-prod test test-repros test-threads test-cell test-matrix test-debug \
-	test-memcheck bench bench-instructions lint check-next-python wheels check-wheels gpu-check \
-	gpu-check-dry gpu-check-bundle test-aarch64 test-py314 clean
+.PHONY: setup build-dev build-prod test test-unverified test-repros test-threads test-cell \
+	test-matrix test-debug test-memcheck bench bench-instructions lint check-next-python wheels \
+	check-wheels gpu-check gpu-check-dry gpu-check-bundle test-aarch64 test-py314 clean
 
 # One seed orders the tests (pytest-randomly) and picks hypothesis's examples. Each
 # test target prints it first; `make test SEED=N` replays that run exactly.
@@ -72,6 +72,14 @@ test-threads: build-prod
 	@echo "test-threads seed: $(SEED) (replay: make test-threads SEED=$(SEED))"
 	FASTMODULE_STRESS_SECONDS=$(STRESS_SECONDS) $(VPY) -m pytest tests/test_thread_stress.py -q \
 		-p no:cacheprovider -p randomly --randomly-seed=$(SEED)
+
+# The suite in the stock fallback an interpreter fastmodule has not verified gets
+# (FASTMODULE_UNVERIFIED=1: no native path on): the parity tests must pass there; the
+# tests of what only the native paths do skip, each with its reason (requires_native,
+# tests/conftest.py).
+test-unverified: build-prod
+	@echo "test-unverified seed: $(SEED) (replay: make test-unverified SEED=$(SEED))"
+	FASTMODULE_UNVERIFIED=1 $(VPY) -m pytest $(PYTEST_ARGS)
 
 # The shared reproducers of confirmed defects (../shared/reference/repros, beside the
 # repository; skipped where a checkout has no such folder), each on stock and on

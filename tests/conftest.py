@@ -1,10 +1,21 @@
 """Shared fixtures: every behaviour test runs on stock torch.nn.Module and on fastmodule.
 Every test also runs under ``process_state_kept`` (tests/isolation.py): the same
-process-wide state before it, whatever ran earlier."""
+process-wide state before it, whatever ran earlier.
+
+Where no native path is on (an interpreter fastmodule has not verified; forced with
+``FASTMODULE_UNVERIFIED=1``, ``make test-unverified``) every fastmodule path runs
+torch's code: the parity tests run there too and must pass (fast is stock by
+construction). A test of what only the native paths do (their counters, plans, slots,
+frames, ``_core`` internals) carries ``@pytest.mark.requires_native("what it
+checks")`` (or ``pytestmark = pytest.mark.requires_native(...)`` for a whole file)
+and is skipped there, with that reason; ``NATIVE`` says which mode runs, for a check
+whose answer differs by design (``fastmodule.is_accelerated`` is False there).
+"""
 
 from __future__ import annotations
 
 import gc
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
+from fastmodule._verified import verification
 from tests.isolation import (
     at_fixed_depth,
     process_state_kept,  # noqa: F401 - autouse, found by its name here
@@ -22,6 +34,46 @@ from tests.isolation import (
 
 BASES = [torch.nn.Module, fastmodule.Module]
 IDS = ["stock", "fast"]
+
+#: Why no native path is on in this process (then every fastmodule path runs torch's
+#: code), or None.
+NO_NATIVE = verification.native_problem()
+#: Are fastmodule's native paths on in this process?
+NATIVE = NO_NATIVE is None
+
+
+# The one warning ``import fastmodule`` gives where no native path is on, as a fresh
+# process prints it on stderr: ``FILE:LINE: UnverifiedWarning: MESSAGE``, then the
+# importing line's source, if Python finds it.
+_IMPORT_WARNING = re.compile(
+    r"^[^\n]*: UnverifiedWarning: fastmodule: [^\n]*\n(?:[ \t]+[^\n]*\n)?", re.MULTILINE
+)
+
+
+def without_import_warning(stderr: str) -> str:
+    """``stderr`` of a fresh process that imported fastmodule, without the warning import
+    gives where no native path is on (the process's other output must be as where it is
+    on); unchanged where they are on."""
+    return stderr if NATIVE else _IMPORT_WARNING.sub("", stderr, count=1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires_native(why): the test checks what only fastmodule's native paths do "
+        "(why: what); skipped where no native path is on",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``requires_native`` becomes a skip, with its reason, where no native path is on."""
+    if NATIVE:
+        return
+    for item in items:
+        mark = item.get_closest_marker("requires_native")
+        if mark is not None:
+            why = mark.args[0] if mark.args else mark.kwargs.get("why", "native internals")
+            item.add_marker(pytest.mark.skip(reason=f"no native path ({NO_NATIVE}): {why}"))
 
 
 @pytest.fixture(params=BASES, ids=IDS)

@@ -104,11 +104,12 @@ def stock_module_classes() -> Iterator[type]:
 
 def accelerated_leftovers() -> list[type]:
     """Stock module classes (fastmodule's own excluded) accelerated in place or carrying
-    native slots right now."""
+    native slots right now (none where no native path is on: ``slots_of`` answers
+    without asking the core, which was never initialised there)."""
     return [
         cls
         for cls in stock_module_classes()
-        if _core.is_accelerated_class(cls) or _core.installed(cls)[:2] != (False, False)
+        if _core.is_accelerated_class(cls) or fastmodule.slots_of(cls)[:2] != (False, False)
     ]
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import fastmodule
-from tests.conftest import outcome
+from tests.conftest import NATIVE, outcome
 from tests.isolation import at_fixed_depth
 
 
@@ -50,6 +50,9 @@ def test_400_deep_stack_raises_on_stock_and_returns_accelerated() -> None:
     stock = run("stock", 400)
     assert stock[0] == "raised" and stock[1] is RecursionError
     fast = run("fast", 400)
+    if not NATIVE:  # torch's code runs every call: stock's three frames per level
+        assert fast == stock
+        return
     torch.manual_seed(0)
     assert fast == ("ok", nn.Linear(2, 2)(torch.ones(1, 2)).tolist())
 

@@ -24,6 +24,7 @@ from fastmodule.tools.check.report import (
 )
 from fastmodule.tools.check.timing import Timing, Timings
 from tests import check_models
+from tests.check_models import DIFFERS_WHEN_ACCELERATED
 
 
 def _state(model: nn.Module) -> dict[str, object]:
@@ -70,6 +71,7 @@ def test_train_step_updates_running_statistics_alike() -> None:
     assert torch.equal(model.body[2].running_mean, torch.zeros(16))
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_difference_is_reported_with_where() -> None:
     model, (x,) = check_models.differs()
     report = check(model, x, timing=False, progress=False)
@@ -282,6 +284,7 @@ def test_a_model_that_rejects_the_inputs_is_not_compared() -> None:
     assert info.value.error is not None and info.value.error.type == "RuntimeError"
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_raising_only_when_accelerated_is_a_difference() -> None:
     model, x = check_models.raises_accelerated()
     report = check(model, x, progress=False)  # not timed: a run raised
@@ -294,6 +297,7 @@ def test_raising_only_when_accelerated_is_a_difference() -> None:
     assert "not timed: a run raised" in report.format()
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_raising_differently_is_a_difference_with_both_errors() -> None:
     model, x = check_models.raises_differently()
     report = check(model, x, timing=False, progress=False)
@@ -303,6 +307,7 @@ def test_raising_differently_is_a_difference_with_both_errors() -> None:
     assert "the accelerated run raised ValueError: accelerated" in found
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_where_it_diverges_names_the_first_module() -> None:
     model, x = check_models.shift()
     report = check(model, x, timing=False, progress=False)

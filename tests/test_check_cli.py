@@ -13,6 +13,7 @@ import torch
 from fastmodule.__main__ import main
 from fastmodule.cli.inputs import InputError, parse_input
 from fastmodule.tools.check.report import SCHEMA
+from tests.check_models import DIFFERS_WHEN_ACCELERATED
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -30,6 +31,7 @@ def test_identical_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.splitlines()[1].startswith("parity       identical")
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_different_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "tests.check_models:differs", *FAST)
     assert status == 1
@@ -127,6 +129,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["speedup"] > 0 and data["compiled_speedup"] is None
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_subprocess_end_to_end() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "fastmodule", "check", "tests.check_models:differs", "--no-timing"],
@@ -179,6 +182,7 @@ def test_errors_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 2 and "nosuch" in json.loads(out)["error"]
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_raising_when_accelerated_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "tests.check_models:raises_accelerated", *FAST)
     assert status == 1
@@ -186,6 +190,7 @@ def test_raising_when_accelerated_exit_1(capsys: pytest.CaptureFixture[str]) -> 
     assert "diverges at  1.1 (RaisesAccelerated)" in out
 
 
+@pytest.mark.requires_native(DIFFERS_WHEN_ACCELERATED)
 def test_where_it_diverges_in_json(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "tests.check_models:shift", "--json", *FAST)
     assert status == 1

@@ -18,6 +18,10 @@ from fastmodule.tools.check import check
 
 TORCH_MODULE_PY = nn.Module._call_impl.__code__.co_filename
 
+pytestmark = pytest.mark.requires_native(
+    "why the native call path hands a call over to torch (_core.call_handover)"
+)
+
 
 class Probe(nn.Module):
     """Records whether torch's ``_call_impl`` called its forward."""

@@ -27,9 +27,13 @@ import torch.nn.utils.prune as prune
 from torch import nn
 
 import fastmodule
+from tests.conftest import NATIVE
 
 STOCK = torch.nn.Module
 FAST = fastmodule.Module
+#: The (call, getattr, setattr) slots of a plain fastmodule.Module subclass: all of
+#: them, or none where no native path is on (it runs torch's code there).
+ALL_SLOTS = (NATIVE, NATIVE, NATIVE)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning"),
@@ -74,7 +78,7 @@ def assert_rearmed(model: nn.Module, base, x: torch.Tensor) -> None:
     if base is FAST:
         for m in model.modules():
             if isinstance(m, FAST):
-                assert fastmodule.slots_of(type(m)) == (True, True, True), type(m)
+                assert fastmodule.slots_of(type(m)) == ALL_SLOTS, type(m)
 
 
 # --------------------------------------------------------------------------- models
@@ -691,8 +695,8 @@ def test_roundtrip_whole_model(base, how):
     assert loaded.w is not model.w
     assert loaded.w is loaded._parameters["w"]
     if base is FAST:
-        assert fastmodule.slots_of(type(loaded))[0] is True
-        assert fastmodule.slots_of(type(loaded.block)) == (True, True, True)
+        assert fastmodule.slots_of(type(loaded))[0] is NATIVE
+        assert fastmodule.slots_of(type(loaded.block)) == ALL_SLOTS
 
 
 def test_state_dict_save_load(base):
@@ -859,7 +863,7 @@ def test_parametrize_class_slots(base):
     model(x)
     if base is FAST:
         assert issubclass(type(model), FAST)
-        assert fastmodule.slots_of(type(model)) == (True, True, True)
+        assert fastmodule.slots_of(type(model)) == ALL_SLOTS
     # the property wins over the registries, as on stock
     assert "m" not in model._parameters
     assert torch.equal(model.m, model.m.T)
@@ -1034,7 +1038,7 @@ def test_own_call(base):
     assert type(model.inner).__call__ is torch.nn.Module.__call__
     if base is FAST:
         assert fastmodule.slots_of(type(model))[0] is False  # overridden __call__
-        assert fastmodule.slots_of(type(model.inner)) == (True, True, True)
+        assert fastmodule.slots_of(type(model.inner)) == ALL_SLOTS
     # compile sees the user __call__ only through the wrapper it is given
     log.clear()
     s_log.clear()

@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -132,9 +133,15 @@ glibc = pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
     reason="mallinfo2 is glibc's",
 )
-plans_on = pytest.mark.skipif(
+_plans_kept = pytest.mark.skipif(
     not _core.recorded_walks(), reason="plans are off on this interpreter"
 )
+_native = pytest.mark.requires_native("what the native walks' recorded plans keep")
+
+
+def plans_on(test: Callable[..., None]) -> Callable[..., None]:
+    """Run ``test`` only where native walks record plans."""
+    return _native(_plans_kept(test))
 
 
 @pytest.fixture(scope="module")

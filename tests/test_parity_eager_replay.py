@@ -125,6 +125,7 @@ def test_tree_changed_between_train_calls(mutation: str) -> None:
     assert_same(sc)
 
 
+@pytest.mark.requires_native("counts train/eval's recorded plans (_core.eager_plan_stats)")
 def test_replay_and_flip_keep_the_recording() -> None:
     """White box: the second call replays, and so do calls that flip the mode; a
     changed tree is walked live and recorded again."""
@@ -306,6 +307,7 @@ def test_tree_changed_between_conversions(mutation: str) -> None:
     assert_same(sc)
 
 
+@pytest.mark.requires_native("counts no-op conversions' replays (_core.eager_plan_stats)")
 def test_noop_conversion_skips_the_walk() -> None:
     """White box: an unchanged float32 tree's second ``.float()`` (and ``.to('cpu')``)
     is answered from the recording; a conversion with work to do walks live."""

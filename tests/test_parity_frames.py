@@ -121,6 +121,7 @@ def test_warning_points_where_stock_does(layer: str, wrap: str, call: str) -> No
         (lambda: nn.Linear(2, 2), None),
     ],
 )
+@pytest.mark.requires_native("which calls the native call path hands over (_core.call_handover)")
 def test_only_frame_counting_calls_hand_over(make: Make, reason: str | None) -> None:
     m = make()
     with fastmodule.accelerated(m):
@@ -174,6 +175,7 @@ def test_user_code_is_not_classified() -> None:
     assert frame_counting.classify(nn.Linear.forward.__code__) == frame_counting.NONE
 
 
+@pytest.mark.requires_native("check's count of calls the native call path hands over")
 def test_check_reports_the_handover() -> None:
     from fastmodule.tools.check import check
 

@@ -27,10 +27,11 @@ import fastmodule
 from fastmodule import _core
 from tests import fuzz_patches as fp
 from tests import fuzz_world as fw
-from tests.conftest import BASES
+from tests.conftest import BASES, NATIVE
 
+# (Where no native path is on at all, the comparisons run: both sides run torch's code.)
 pytestmark = pytest.mark.skipif(
-    fastmodule._verified.hook_dispatch.HOOKS is not None,
+    NATIVE and fastmodule._verified.hook_dispatch.HOOKS is not None,
     reason=f"native hook dispatch off: {fastmodule._verified.hook_dispatch.HOOKS}",
 )
 
@@ -170,8 +171,10 @@ def program(
         try:
             for i, (kind, action, prepend, always) in enumerate(specs):
                 handles.append(register(i, kind, action, prepend, always))
-            # The fast side records whether its call is native; stock, True to compare.
-            log.append(("native", native(m) if base is fastmodule.Module else True))
+            # The fast side records whether its call is native; stock, True to compare
+            # (and both where no native path is on).
+            fast = base is fastmodule.Module and NATIVE
+            log.append(("native", native(m) if fast else True))
             first = outcome_of(lambda: m(1, scale=2) if kwargs else m(1))
             second = outcome_of(lambda: m(2))
             return first, second
@@ -427,6 +430,7 @@ def test_random_layer_programs_match_stock(
         torch.set_num_threads(threads)
 
 
+@pytest.mark.requires_native("hooked calls take the native call path (_core.call_handover)")
 def test_hooked_calls_are_native() -> None:
     log: list[Any] = []
     m = make(fastmodule.Module, log)

@@ -22,9 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastmodule
 from fastmodule._verified import layers
-from tests.conftest import outcome
+from tests.conftest import NATIVE, outcome
 
-pytestmark = pytest.mark.skipif(layers.LAYERS is not None, reason="layer forwards not native here")
+# (Where no native path is on at all, the comparisons run: both sides run torch's code.)
+pytestmark = pytest.mark.skipif(
+    NATIVE and layers.LAYERS is not None, reason="layer forwards not native here"
+)
 
 COVERED = {
     nn.LayerNorm: "layer_norm",
@@ -304,6 +307,7 @@ FRAMED: list[tuple[Callable[[], nn.Module], tuple[Any, ...]]] = [
 
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize(("build", "args"), FRAMED)
+@pytest.mark.requires_native("no frame of torch's layer code on the native route")
 def test_no_frames_on_the_native_route(build: Any, args: Any, train: bool) -> None:
     """Stock enters torch's forward (and ``F``'s function); accelerated, no frame of
     torch's ``nn`` code is on the stack when the ops run. (A tracer or profiler would

@@ -212,6 +212,7 @@ def test_tree_changed_between_loads(mutation: str) -> None:
     check(plannable, act)
 
 
+@pytest.mark.requires_native("counts load_state_dict's recorded plans (_core.load_plan_stats)")
 def test_second_load_replays() -> None:
     """White box: an unchanged tree's second exact load replays; an inexact dict is
     loaded live and keeps the plan; a tree with a BatchNorm (which overrides

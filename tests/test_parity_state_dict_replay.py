@@ -210,6 +210,7 @@ def test_tree_changed_between_state_dicts(mutation: str) -> None:
     assert_same(sc)
 
 
+@pytest.mark.requires_native("counts state_dict's recorded plans (_core.state_dict_plan_stats)")
 def test_second_state_dict_replays() -> None:
     """White box: an unchanged tree's second state_dict replays (with or without
     keep_vars, for the same prefix); a tree with extra state is never recorded."""

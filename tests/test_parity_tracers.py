@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -56,6 +57,7 @@ def events_under(install: Callable[[Callable[..., Any]], None], m: nn.Module) ->
     return seen
 
 
+@pytest.mark.requires_native("the native paths' tracer check (_core.tracer_check_known)")
 def test_the_thread_state_fields_were_found() -> None:
     assert _core.tracer_check_known()
 
@@ -117,11 +119,13 @@ def test_whole_tree_methods_of_an_accelerated_model_under_a_profiler() -> None:
         assert whole_tree_events(m) == stock
 
 
+@pytest.mark.requires_native("the native call runs forward without frames of its own")
 def test_without_a_tracer_the_call_has_no_frames_of_its_own() -> None:
     assert caller_of_forward(nn.Module) == "_call_impl"
     assert caller_of_forward(fastmodule.Module) == "caller_of_forward"
 
 
+@pytest.mark.requires_native("the native call runs forward without frames of its own")
 def test_a_tracer_on_another_thread_changes_nothing_here() -> None:
     started, done = threading.Event(), threading.Event()
 

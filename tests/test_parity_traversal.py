@@ -618,6 +618,7 @@ def test_tree_changed_between_walks(mutation: str) -> None:
     assert_same(sc)
 
 
+@pytest.mark.requires_native("counts the native walks' recorded plans (_core.plan_stats)")
 def test_second_walk_replays() -> None:
     """White box: a complete walk is kept, and the next walk of the tree starts from it
     (the scenarios above would pass without replaying at all)."""

@@ -181,6 +181,7 @@ def test_recursion_limit_lowered_after_recording() -> None:
     assert_same(sc)
 
 
+@pytest.mark.requires_native("counts zero_grad's replays (_core.plan_stats)")
 def test_pass_counts_and_skips() -> None:
     """White box: a call whose grads are all None comes from the pass; one with a grad
     walks (and still clears it)."""

@@ -400,6 +400,7 @@ def test_train_replay_colliding_key_in_child_dict() -> None:
     )
 
 
+@pytest.mark.requires_native("the native walk's replay (_core.walk) holding its root")
 def test_private_walk_holds_its_root() -> None:
     """Repro 17: ``_core.walk`` set up to replay keeps its root alive."""
     script = _HEADER + textwrap.dedent(
@@ -916,6 +917,7 @@ def test_apply_stores_buffers_as_torch() -> None:
     assert _apply_buffer_store(fastmodule.Module) == _apply_buffer_store(nn.Module)
 
 
+@pytest.mark.requires_native("counts the native walks' replays (_core.*_plan_stats)")
 def test_replays_still_replay() -> None:
     """The quietness checks refuse only what they must: plain trees still replay."""
     # A refusal is kept per root address for a few attempts: an earlier test's

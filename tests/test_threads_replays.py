@@ -29,7 +29,7 @@ from torch import nn
 
 import fastmodule
 from fastmodule import _core
-from tests.conftest import outcome
+from tests.conftest import NATIVE, outcome
 
 BIG = 1 << 22  # elements of m0's two large parameters (16 MiB each)
 ATTEMPTS = 20
@@ -86,8 +86,8 @@ def during_load(
     got = outcome(lambda: root.load_state_dict(sd))
     t.join(timeout=60)
     assert not t.is_alive()
-    if side == "fast":
-        # The call started from the recorded walk.
+    if side == "fast" and NATIVE:
+        # The call started from the recorded walk (where there are recorded walks).
         assert _core.load_plan_stats()[1] == before + 1
     if not in_time or not in_time[0]:
         return None
