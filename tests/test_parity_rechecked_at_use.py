@@ -173,6 +173,7 @@ def test_replayed_train_calls_replaced_setattr(
     assert all(len(log) == n for call, log, _ in result[1][:-1])
 
 
+@pytest.mark.requires_native("counts the replays of recorded train()/eval() walks")
 def test_replaced_setattr_is_never_replayed_and_restored_is_again() -> None:
     """While the body is replaced no call replays (each runs torch's walk, calling
     the new body); once restored, the tree is recorded and replayed again (the hand

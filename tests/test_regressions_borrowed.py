@@ -31,6 +31,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HEADER = """
@@ -216,6 +218,7 @@ def test_module_class_key_replacing_the_instance_dict_during_a_call() -> None:
     assert_same(MODULE_CLASS_KEY_DURING_CALL)
 
 
+@pytest.mark.requires_native("asks the core whether the class is handed to torch")
 def test_class_with_a_non_str_key_is_handed_to_torch() -> None:
     # What `fastmodule check` reports for such a class (and what makes it
     # stock): the call's own decision.
@@ -280,6 +283,7 @@ print(r, len(fired))
 """
 
 
+@pytest.mark.requires_native("a finalizer run by the native classification of a new forward")
 def test_classifier_finalizer_freeing_the_forward_being_called() -> None:
     out = assert_same(CLASSIFIER_FINALIZER_DELETES_FORWARD)
     assert out.strip().endswith("1"), out
@@ -328,6 +332,7 @@ print(r, log, len(fired))
 """
 
 
+@pytest.mark.requires_native("a finalizer run by the native classification of a new forward")
 def test_classifier_finalizer_replacing_the_hooks_being_dispatched() -> None:
     out = assert_same(CLASSIFIER_FINALIZER_REPLACES_PRE_HOOKS)
     assert "'new', 'new'" in out and out.strip().endswith("1"), out
