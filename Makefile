@@ -130,8 +130,9 @@ test-memcheck: build-prod
 # and the test tools downloaded by the host's pip for cp314 and installed inside). Needs
 # root, debootstrap and unshare (scripts/py314/lane.sh says what each phase does).
 # DEBUG=1: the suite under the debug allocator and development mode, as CI's cells.
-test-py314: setup
-	@TESTS="$(TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) DEBUG=$(DEBUG) VENV=$(VENV) \
+# (No dependency on setup: CI runs this lane while the front lane makes .venv.)
+test-py314:
+	@TESTS="$(TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) DEBUG=$(DEBUG) PIP_PYTHON=$(PYTHON) \
 		REPROS=$(REPROS) TOOLS='$(TEST_TOOLS)' bash scripts/py314/lane.sh
 
 bench: build-prod

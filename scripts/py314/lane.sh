@@ -23,7 +23,9 @@
 # tmpfs on /dev/shm, /sys read-only, the checkout and the repros.
 #
 # Environment (the Makefile sets them): ROOT, WHEELS, TESTS (pytest arguments relative
-# to the repository root), SEED, TORCH (a version prefix), VENV (a venv with pip),
+# to the repository root), SEED, TORCH (a version prefix), PIP_PYTHON (a Python of this
+# machine whose pip downloads the wheels; default python3: the lane shares no venv with
+# the other lanes, which may be creating theirs at the same time),
 # MIRROR, LOGS, DEBUG=1 (the suite under the debug allocator and development mode,
 # fastmodule's warnings as errors), REPROS (PATH/run.sh), TOOLS (pip specs).
 set -euo pipefail
@@ -34,7 +36,7 @@ CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/fastmodule
 ROOT=$(realpath -m "${ROOT:-$CACHE/py314-root}")
 WHEELS=$(realpath -m "${WHEELS:-$CACHE/py314-wheels}")
 LOGS=$(realpath -m "${LOGS:-target/py314-lane}")
-VENV=$(realpath -m "${VENV:-.venv}")
+PIP_PYTHON=${PIP_PYTHON:-python3}
 TESTS=${TESTS:-tests}
 SEED=${SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 TORCH=${TORCH:-2.15}
@@ -65,7 +67,8 @@ if [ -z "${_PY314_IN_NS:-}" ]; then
   fi
   [ -f /usr/share/debootstrap/scripts/sid ] || {
     echo "test-py314: debootstrap has no sid script; install a newer debootstrap"; exit 1; }
-  [ -x "$VENV/bin/python" ] || { echo "test-py314: $VENV has no python (make setup)"; exit 1; }
+  "$PIP_PYTHON" -m pip --version >/dev/null 2>&1 || {
+    echo "test-py314: $PIP_PYTHON has no pip (set PIP_PYTHON to a Python with pip)"; exit 1; }
   export _PY314_IN_NS=1 _PREREQ_S=$(( $(date +%s) - start )) SEED
   exec unshare --mount --propagation private bash "$0" "$@"
 fi
@@ -165,7 +168,7 @@ if [ "$(cat "$ROOT/.packages-ready" 2>/dev/null)" != "$RECIPE" ]; then
     platforms=(--platform linux_x86_64 --platform manylinux2014_x86_64)
     for minor in $(seq 17 28); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
     echo "packages: downloading ${TOOLS_ALL[*]} for cp314 (log: $LOGS/pip-download.log)"
-    "$VENV/bin/python" -m pip download -d "$WHEELS" "${platforms[@]}" --python-version 3.14 \
+    "$PIP_PYTHON" -m pip download -d "$WHEELS" "${platforms[@]}" --python-version 3.14 \
       --implementation cp --abi cp314 --abi abi3 --abi none --only-binary=:all: \
       --disable-pip-version-check "${TOOLS_ALL[@]}" >"$LOGS/pip-download.log" 2>&1 ||
       { tail -20 "$LOGS/pip-download.log"; echo "pip download failed"; exit 1; }
