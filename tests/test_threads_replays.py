@@ -143,6 +143,14 @@ def _post_hook(root: nn.Module) -> list[Any]:
     return seen
 
 
+def _pre_hook_on_later_child(root: nn.Module) -> list[Any]:
+    seen: list[Any] = []
+    root.m2.register_load_state_dict_pre_hook(
+        lambda module, sd, prefix, *rest: seen.append((prefix, torch.is_grad_enabled()))
+    )
+    return seen
+
+
 def _non_persistent(root: nn.Module) -> None:
     root.m1.register_buffer("counts", root.m1.counts, persistent=False)
 
@@ -167,6 +175,12 @@ CHANGES: dict[str, tuple[Callable[[nn.Module], Any], Callable[..., Any]]] = {
     "delete_child": (_delete_child, lambda root, got, _: (got, values(root))),
     # Post-hooks are read after the children loaded.
     "post_hook": (_post_hook, lambda root, got, seen: (got, list(seen), values(root))),
+    # A pre-hook registered on a later module runs there, with the caller's grad mode
+    # (torch enters no_grad only around each module's copies).
+    "pre_hook_on_later_child": (
+        _pre_hook_on_later_child,
+        lambda root, got, seen: (got, list(seen), torch.is_grad_enabled(), values(root)),
+    ),
     # Persistence is read when the module is reached: its key is unexpected then.
     "buffer_made_non_persistent": (_non_persistent, lambda root, got, _: (got, values(root))),
     "parameter_registered": (_new_parameter, lambda root, got, _: (got, values(root))),

@@ -222,8 +222,44 @@ pub fn load_replay<'py>(
         post_hook_text: post_hook_text.clone(),
     };
     let mut k = 0;
-    replay_module(py, &ctx, &replay, &mut k, module, &replay.prefix(0))?;
-    Ok(true)
+    let mut grad = NoGrad::default();
+    let done = replay_module(
+        py,
+        &ctx,
+        &replay,
+        &mut grad,
+        &mut k,
+        module,
+        &replay.prefix(0),
+    );
+    let back = grad.leave();
+    done.and(back).map(|()| true)
+}
+
+/// torch's `with torch.no_grad():` around each module's copies, kept entered
+/// across the copies of consecutive replayed modules (grad mode is this
+/// thread's, and nothing of this thread runs between them) and left before
+/// anything else runs: a module loaded live, a hook.
+#[derive(Default)]
+struct NoGrad<'py> {
+    /// The mode to give back, while entered.
+    prev: Option<Bound<'py, PyAny>>,
+}
+
+impl<'py> NoGrad<'py> {
+    fn enter(&mut self, py: Python<'py>) -> PyResult<()> {
+        if self.prev.is_none() {
+            self.prev = Some(crate::torch_api::runtime::get()?.enter_no_grad(py)?);
+        }
+        Ok(())
+    }
+
+    fn leave(&mut self) -> PyResult<()> {
+        match self.prev.take() {
+            Some(prev) => crate::torch_api::runtime::get()?.set_grad(&prev),
+            None => Ok(()),
+        }
+    }
 }
 
 /// torch's `load(module, ..., prefix)` for plan visit `*k` (whose module
@@ -236,6 +272,7 @@ fn replay_module<'py>(
     py: Python<'py>,
     ctx: &Ctx<'py>,
     r: &Replay<'py>,
+    grad: &mut NoGrad<'py>,
     k: &mut usize,
     module: &Bound<'py, PyAny>,
     prefix: &Bound<'py, PyAny>,
@@ -247,12 +284,22 @@ fn replay_module<'py>(
     // the GIL.
     // SAFETY: GIL held; `module` is ours.
     if this > 0 && !unsafe { r.still(this) } {
+        grad.leave()?;
         return load(py, ctx, module, &r.local(prefix)?, prefix);
     }
     let _depth = Depth::enter(py, Recursion::Python)?;
-    copy_all(py, ctx.cfg, &ctx.errors, r.pairs(this))?;
-    // `module._modules.items()`, read now, as torch's.
-    let children = module.getattr(intern!(py, "_modules"))?;
+    let pairs = r.pairs(this);
+    if !pairs.is_empty() {
+        grad.enter(py)?;
+        copy_pairs(py, ctx.cfg, &ctx.errors, pairs)?;
+    }
+    // `module._modules.items()`, read now, as torch's (the recorded registry
+    // where the class and instance dict are unchanged: the same read).
+    // SAFETY: GIL held; `module` is ours.
+    let children = match unsafe { r.modules_now(this) } {
+        Some(d) => d,
+        None => module.getattr(intern!(py, "_modules"))?,
+    };
     let mut items = if exact_dict(&children) {
         Items::of_dict(&children)
     } else {
@@ -280,11 +327,12 @@ fn replay_module<'py>(
             });
         if planned {
             let child_prefix = r.prefix(next);
-            replay_module(py, ctx, r, &mut next, &child, &child_prefix)?;
+            replay_module(py, ctx, r, grad, &mut next, &child, &child_prefix)?;
             continue;
         }
         // The tree differs from the plan here: this child and the rest of
         // this module's, live, from torch's copy.
+        grad.leave()?;
         let local = r.local(prefix)?;
         load_children_from(
             py,
@@ -297,6 +345,13 @@ fn replay_module<'py>(
         )?;
         break;
     }
+    // The post-hooks, read now: none while the recorded empty dict is still
+    // the module's and unchanged.
+    // SAFETY: as above.
+    if unsafe { r.hooks_still_empty(this) } {
+        return Ok(());
+    }
+    grad.leave()?;
     post_hooks(py, ctx, module)
 }
 
@@ -340,22 +395,30 @@ pub(super) fn copy_all<'py>(
     if copies.is_empty() {
         return Ok(());
     }
+    crate::torch_api::runtime::get()?.no_grad(py, || copy_pairs(py, cfg, errors, copies))
+}
+
+/// The copies of [`copy_all`], with grad mode already off.
+fn copy_pairs<'py>(
+    py: Python<'py>,
+    cfg: &Config,
+    errors: &Bound<'py, PyAny>,
+    copies: &[CopyPair<'py>],
+) -> PyResult<()> {
     let copy = intern!(py, "copy_");
-    crate::torch_api::runtime::get()?.no_grad(py, || {
-        for (key, param, input) in copies {
-            if let Err(e) = param.call_method1(copy, (input,)) {
-                if !e.is_instance_of::<PyException>(py) {
-                    return Err(e);
-                }
-                let msg = cfg
-                    .copy_error
-                    .bind(py)
-                    .call1((key, param, input, e.value(py)))?;
-                errors.call_method1(intern!(py, "append"), (msg,))?;
+    for (key, param, input) in copies {
+        if let Err(e) = param.call_method1(copy, (input,)) {
+            if !e.is_instance_of::<PyException>(py) {
+                return Err(e);
             }
+            let msg = cfg
+                .copy_error
+                .bind(py)
+                .call1((key, param, input, e.value(py)))?;
+            errors.call_method1(intern!(py, "append"), (msg,))?;
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// `prefix[:-1]`, with the very slice object Python builds for it.

@@ -246,6 +246,29 @@ impl<'py> Replay<'py> {
         c.seen_holds() && c.reg_unchanged(2)
     }
 
+    /// Visit `k`'s `_modules` registry, when its class and instance dict are
+    /// as recorded (so `module._modules` reads that very dict, as torch's
+    /// `load` would read it now); None otherwise.
+    ///
+    /// # Safety
+    /// GIL held; `k`'s module alive (the caller holds it).
+    pub unsafe fn modules_now(&self, k: usize) -> Option<Bound<'py, PyAny>> {
+        let c = &self.plan.modules[self.plan.visits[k].module as usize];
+        c.seen_holds()
+            .then(|| Bound::from_borrowed_ptr(self.snapshot.py(), c.modules()))
+    }
+
+    /// Are visit `k`'s class, instance dict and load hook dicts as recorded
+    /// (so `module._load_state_dict_post_hooks` is still the empty dict it
+    /// was)?
+    ///
+    /// # Safety
+    /// GIL held; `k`'s module alive.
+    pub unsafe fn hooks_still_empty(&self, k: usize) -> bool {
+        let v = &self.plan.visits[k];
+        self.plan.modules[v.module as usize].seen_holds() && hooks_empty(&v.hooks)
+    }
+
     /// The copies of visit `k`.
     pub fn pairs(&self, k: usize) -> &[CopyPair<'py>] {
         let start = if k == 0 { 0 } else { self.ends[k - 1] as usize };

@@ -54,6 +54,22 @@ impl Runtime {
             || self.dispatch_depth.bind(py).call0()?.extract::<i64>()? != 0)
     }
 
+    /// `torch.is_grad_enabled()`, then `torch.set_grad_enabled(False)`: the
+    /// mode to give back with [`Runtime::set_grad`].
+    pub fn enter_no_grad<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let prev = self.is_grad_enabled.bind(py).call0()?;
+        self.set_grad_enabled.bind(py).call1((false,))?;
+        Ok(prev)
+    }
+
+    /// `torch.set_grad_enabled(mode)`.
+    pub fn set_grad(&self, mode: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.set_grad_enabled
+            .bind(mode.py())
+            .call1((mode,))
+            .map(drop)
+    }
+
     /// `with torch.no_grad(): f()`.
     pub fn no_grad<R>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
         let prev = self.is_grad_enabled.bind(py).call0()?;
