@@ -132,7 +132,7 @@ test-memcheck: build-prod
 # DEBUG=1: the suite under the debug allocator and development mode, as CI's cells.
 # (No dependency on setup: CI runs this lane while the front lane makes .venv.)
 test-py314:
-	@TESTS="$(TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) DEBUG=$(DEBUG) PIP_PYTHON=$(PYTHON) \
+	@TESTS="$(TESTS)" SEED=$(SEED) TORCH=$(TORCH_LATEST) DEBUG=$(DEBUG) PIP_PYTHON=$(PY311) \
 		REPROS=$(REPROS) TOOLS='$(TEST_TOOLS)' bash scripts/py314/lane.sh
 
 bench: build-prod

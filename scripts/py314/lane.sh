@@ -67,6 +67,9 @@ if [ -z "${_PY314_IN_NS:-}" ]; then
   fi
   [ -f /usr/share/debootstrap/scripts/sid ] || {
     echo "test-py314: debootstrap has no sid script; install a newer debootstrap"; exit 1; }
+  # A venv's VIRTUAL_ENV (the Makefile exports .venv's, which the front lane may be
+  # creating meanwhile) must not pick the interpreter a pyenv shim runs.
+  unset VIRTUAL_ENV
   "$PIP_PYTHON" -m pip --version >/dev/null 2>&1 || {
     echo "test-py314: $PIP_PYTHON has no pip (set PIP_PYTHON to a Python with pip)"; exit 1; }
   export _PY314_IN_NS=1 _PREREQ_S=$(( $(date +%s) - start )) SEED
