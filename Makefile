@@ -153,10 +153,6 @@ lint: setup
 	$(VPY) -m ruff format --check python tests benches scripts
 	$(VPY) scripts/py_graph.py
 
-# The crate against pyo3's definitions for CPython 3.14 (.ci/pyo3-py314.cfg: a
-# shared, non-free-threaded 3.14; no interpreter needed), in a target folder of
-# its own so the extension's build is not invalidated. Compiling is all it
-# shows: at run time an interpreter fastmodule has not verified runs stock.
 # The crate type-checks against pyo3's definitions of the next CPython (3.15, which
 # torch ships no wheels for yet) and of free-threaded 3.14 (refused at run time, so that
 # it keeps compiling), from the checked-in configs in .ci/ (no interpreter needed). 3.14
