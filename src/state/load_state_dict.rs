@@ -300,16 +300,7 @@ fn replay_module<'py>(
         Some(d) => d,
         None => module.getattr(intern!(py, "_modules"))?,
     };
-    let mut items = if exact_dict(&children) {
-        Items::of_dict(&children)
-    } else {
-        Items::Iter(
-            children
-                .call_method0(intern!(py, "items"))?
-                .try_iter()?
-                .unbind(),
-        )
-    };
+    let mut items = items_of(&children)?;
     let mut next = this + 1;
     while let Some((name, child)) = items.next(py)? {
         if child.is_none() {
@@ -555,17 +546,22 @@ pub(super) fn load_children<'py>(
 ) -> PyResult<()> {
     // `module._modules.items()`: one read of `_modules`, as torch's.
     let children = module.getattr(intern!(py, "_modules"))?;
-    let items = if exact_dict(&children) {
-        Items::of_dict(&children)
-    } else {
-        Items::Iter(
-            children
-                .call_method0(intern!(py, "items"))?
-                .try_iter()?
-                .unbind(),
-        )
-    };
+    let items = items_of(&children)?;
     load_children_from(py, ctx, &children, items, local, prefix, None)
+}
+
+/// `children.items()` (a `_modules` read), iterated as torch's loop iterates it.
+fn items_of(children: &Bound<'_, PyAny>) -> PyResult<Items> {
+    if exact_dict(children) {
+        return Ok(Items::of_dict(children));
+    }
+    let py = children.py();
+    Ok(Items::Iter(
+        children
+            .call_method0(intern!(py, "items"))?
+            .try_iter()?
+            .unbind(),
+    ))
 }
 
 /// The children loop of torch's `load` over `children` (the `_modules` read),
