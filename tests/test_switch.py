@@ -75,8 +75,12 @@ def test_disabled_runs_torchs_code(make: type[nn.Module]) -> None:
     torch.manual_seed(0)
     m = make()
     with fastmodule.accelerated(m):
+        # The first call of a forward code object this process has not seen runs
+        # torch's call while fastmodule classifies the code (docs/design.md): the
+        # second is native.
         m(torch.ones(1, 2))
-        native_caller = m.callers[0]
+        m(torch.ones(1, 2))
+        native_caller = m.callers[-1]
         assert native_caller != "_call_impl"
         plans = _core.plan_stats()
         with fastmodule.disabled():
