@@ -8,7 +8,7 @@ read after the children), and the cyclic GC is never switched off where another
 thread can see it. Each scenario runs on a stock tree and on the same tree
 accelerated, and the outcomes are compared.
 
-The mutating thread acts while the load copies a large tensor of ``m0`` (tens of
+The mutating thread acts while the load copies the large tensors of ``m0`` (tens of
 milliseconds with the GIL released); a run where it did not get in before ``m1``
 was reached is not one of the scenario and is tried again.
 """
@@ -32,14 +32,15 @@ from fastmodule import _core
 from tests.conftest import NATIVE, outcome
 
 BIG = 1 << 22  # elements of m0's two large parameters (16 MiB each)
-ATTEMPTS = 20
+ATTEMPTS = 50
 
 
 def build() -> nn.Module:
     root = nn.Module()
     root.m0 = nn.Module()
-    root.m0.big0 = nn.Parameter(torch.zeros(BIG))
-    root.m0.big1 = nn.Parameter(torch.zeros(BIG))
+    # m1 is reached after the copies of big1..big3: the other thread's window.
+    for i in range(4):
+        root.m0.register_parameter(f"big{i}", nn.Parameter(torch.zeros(BIG)))
     root.m1 = nn.Linear(2, 2)
     root.m1.register_buffer("counts", torch.zeros(2))
     root.m2 = nn.Linear(2, 2)
@@ -71,15 +72,15 @@ def during_load(
     result: list[Any] = []
     in_time: list[bool] = []
 
-    big0, big1 = root.m0.big0, root.m0.big1
+    big0, last = root.m0.big0, root.m0.big3
 
     def other() -> None:
         while big0[0].item() != 5.0:
             pass
         result.append(mutate(root))
-        # m1 comes after big1's copy: some element of big1 not yet copied after
+        # m1 comes after big3's copy: some element of big3 not yet copied after
         # the change means the change was made before the load reached m1.
-        in_time.append(not bool((big1 == 5.0).all()))
+        in_time.append(not bool((last == 5.0).all()))
 
     t = threading.Thread(target=other)
     t.start()
