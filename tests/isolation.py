@@ -11,7 +11,9 @@ random order, pytest-randomly).
   class attribute, ``install()``, accelerated classes, a trace function, GC or thread
   settings, the default dtype, grad mode) is put back and fails the test that left
   it. torch's global RNG is seeded per test from its node id, so a test draws the
-  same numbers in any order.
+  same numbers in any order. The module classes' type-version budget is a fresh
+  process's (``type_versions``: the suite modifies ``nn.Module`` far more often than
+  a program does).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch.nn.modules.module as torch_module
 
 import fastmodule
 from fastmodule import _core
+
+from tests.type_versions import reset_module_classes
 
 T = TypeVar("T")
 
@@ -201,6 +205,7 @@ def seed_for(nodeid: str) -> int:
 def process_state_kept(request: pytest.FixtureRequest) -> Iterator[None]:
     """The same process-wide state before every test, and a failure for any test that
     changes it without putting it back."""
+    reset_module_classes()
     snap = Snapshot()
     torch.manual_seed(seed_for(request.node.nodeid))
     yield
