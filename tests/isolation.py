@@ -31,7 +31,6 @@ import torch.nn.modules.module as torch_module
 
 import fastmodule
 from fastmodule import _core
-
 from tests.type_versions import reset_module_classes
 
 T = TypeVar("T")
