@@ -31,7 +31,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["Captured", "Comparison", "capture", "compare", "detached", "differences"]
+__all__ = [
+    "Captured",
+    "Comparison",
+    "capture",
+    "compare",
+    "detached",
+    "differences",
+    "is_numpy_array",
+]
 
 #: Types compared with ``==`` (and their subclasses, whose type must match exactly).
 _VALUE_TYPES: tuple[type, ...] = (
@@ -147,12 +155,14 @@ _UNSET = _Unset()
 class Captured:
     """A copy of a value that later runs cannot change, for :func:`compare`."""
 
-    __slots__ = ("root", "tensors")
+    __slots__ = ("arrays", "root", "tensors")
 
-    def __init__(self, root: Any, tensors: int) -> None:
+    def __init__(self, root: Any, tensors: int, arrays: int = 0) -> None:
         self.root = root
         #: How many tensors it holds.
         self.tensors = tensors
+        #: How many NumPy arrays it holds.
+        self.arrays = arrays
 
     def __repr__(self) -> str:
         return f"Captured({self.tensors} tensor(s))"
@@ -163,6 +173,7 @@ class _Capture:
         self.seen: dict[int, tuple[int, str]] = {}
         self.alive: list[Any] = []  # keeps ids unique while capturing
         self.tensors = 0
+        self.arrays = 0
 
     def value(self, value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -173,7 +184,8 @@ class _Capture:
             return value
         if isinstance(value, types.FunctionType):
             return self._function(value, path)
-        if _is_numpy_array(value):
+        if is_numpy_array(value):
+            self.arrays += 1
             return _Array(type(value), str(value.dtype), tuple(value.shape), value.tobytes())
         if isinstance(value, torch.nn.Module):
             # A module in the output (the model's own, usually): the same object or not.
@@ -248,7 +260,8 @@ def _tuple_fields(value: Any) -> tuple[str, ...] | None:
     return names
 
 
-def _is_numpy_array(value: Any) -> bool:
+def is_numpy_array(value: Any) -> bool:
+    """A NumPy ``ndarray`` (checked without importing NumPy)."""
     t = type(value)
     return t.__module__ == "numpy" and t.__name__ == "ndarray"
 
@@ -301,7 +314,7 @@ def capture(value: Any) -> Captured:
         return value
     state = _Capture()
     root = state.value(value, "")
-    return Captured(root, state.tensors)
+    return Captured(root, state.tensors, state.arrays)
 
 
 #: The old name: a copy kept for comparing later.

@@ -183,6 +183,8 @@ def _compared(first: RunResult, model: torch.nn.Module) -> str:
         output = "output: the stock run raised"
     else:
         output = f"output: {first.output.tensors if first.output else 0} tensor(s)"
+        if first.output is not None and first.output.arrays:
+            output += f", {first.output.arrays} NumPy array(s)"
     grads = ""
     if first.grads is not None:
         grads = f"grads: {first.grads.tensors}; "

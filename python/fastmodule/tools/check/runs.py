@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn.parameter import is_lazy
 
-from fastmodule.tools.check.compare import Captured, capture
+from fastmodule.tools.check.compare import Captured, capture, is_numpy_array
 
 __all__ = [
     "CheckError",
@@ -35,20 +35,42 @@ Way = Callable[[], contextlib.AbstractContextManager[Any]]
 
 @dataclass(frozen=True)
 class Inputs:
-    """Example positional and keyword arguments of ``model(*args, **kwargs)``."""
+    """What each run calls, and with what: ``model(*args, **kwargs)``, or with
+    ``method`` ``getattr(model, method)(*args, **kwargs)`` (``agent.get_action_and_value``,
+    ``policy.predict``, ``lm.generate``), looked up on every call as a user's code
+    looks it up."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    #: The model's method each run calls; None: the model itself (its ``forward``).
+    method: str | None = None
 
     def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Copies of the tensors in the inputs (a model may change its inputs in place)."""
+        """Copies of the tensors and NumPy arrays in the inputs (a model may change its
+        inputs in place)."""
         return _fresh(self.args), _fresh(self.kwargs)
+
+    def target(self, model: Any) -> Callable[..., Any]:
+        """What a run calls: ``model``, or its bound ``method``."""
+        return model if self.method is None else getattr(model, self.method)
+
+    def call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call, exactly as a user makes it: ``model(*args, **kwargs)`` or
+        ``getattr(model, method)(*args, **kwargs)``."""
+        return self.target(model)(*args, **kwargs)
+
+    @property
+    def what(self) -> str:
+        """What each run calls, in words: ``forward`` or the method's name."""
+        return self.method or "forward"
 
 
 def _fresh(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         copy = value.detach().clone()
         return copy.requires_grad_(value.requires_grad) if value.is_leaf else copy
+    if is_numpy_array(value):
+        return value.copy()
     if type(value) in (list, tuple):
         return type(value)(_fresh(v) for v in value)
     if type(value) is dict:
@@ -220,10 +242,10 @@ def grad_mode(train: bool) -> contextlib.AbstractContextManager[Any]:
 def run_once(
     model: torch.nn.Module, inputs: Inputs, snapshot: Snapshot, *, train: bool, way: Way
 ) -> RunResult:
-    """Restore ``snapshot``, run the model once inside ``way()`` (a forward under
-    ``torch.no_grad()``; with ``train``: in training mode with grad, then
-    ``backward()`` of :func:`scalar_loss`) and keep copies of what it produced or
-    what it raised."""
+    """Restore ``snapshot``, run the model once inside ``way()`` (a call of it, or of
+    ``inputs.method``, under ``torch.no_grad()``; with ``train``: in training mode with
+    grad, then ``backward()`` of :func:`scalar_loss`) and keep copies of what it
+    produced or what it raised."""
     snapshot.restore()
     args, kwargs = inputs.fresh()
     output: Any = None
@@ -235,7 +257,7 @@ def run_once(
             p.grad = None
     try:
         with way(), grad_mode(train):
-            output = model(*args, **kwargs)
+            output = inputs.call(model, args, kwargs)
             if train:
                 loss = scalar_loss(output)
                 if loss is not None:

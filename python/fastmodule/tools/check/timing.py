@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -86,8 +86,14 @@ class Timings:
 
 
 def _step(
-    model: torch.nn.Module, inputs: Inputs, train: bool, sync: Callable[[], None] | None
+    model: torch.nn.Module,
+    run: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+    inputs: Inputs,
+    train: bool,
+    sync: Callable[[], None] | None,
 ) -> Callable[[], None]:
+    """One timed call: ``run(args, kwargs)`` on fresh copies of the inputs (the model's
+    grads cleared first with ``train``)."""
     args, kwargs = inputs.fresh()
 
     def call() -> None:
@@ -96,15 +102,22 @@ def _step(
             if train:
                 for p in model.parameters():
                     p.grad = None
-                loss = scalar_loss(model(*args, **kwargs))
+                loss = scalar_loss(run(args, kwargs))
                 if loss is not None:
                     loss.backward()
             else:
-                model(*args, **kwargs)
+                run(args, kwargs)
         if sync is not None:
             sync()
 
     return call
+
+
+def _compiled(twin: torch.nn.Module, inputs: Inputs) -> Callable[..., Any]:
+    """``torch.compile`` of what each run calls: the model (its ``forward``), or with a
+    method the twin's bound method (``torch.compile(twin.generate)``: the model's
+    compiled call would reach the method uncompiled, through its ``__getattr__``)."""
+    return torch.compile(inputs.target(twin))
 
 
 def _loop(
@@ -144,8 +157,10 @@ def time_model(
 ) -> Timings:
     """Time ``model`` run the ``stock`` way, the ``fast`` way (default: accelerated) and
     (with ``compile``) ``torch.compile`` of a copy of it, ``repeats`` interleaved rounds
-    of about ``target_s`` seconds each. Each timed loop of calls starts from the state
-    the model had (its parameters, buffers, grads and RNG put back, untimed).
+    of about ``target_s`` seconds each. Each call is what ``inputs`` says (the model,
+    or its method; compiled: ``torch.compile`` of the copy's bound method). Each timed
+    loop of calls starts from the state the model had (its parameters, buffers, grads
+    and RNG put back, untimed).
 
     Raises:
         CheckError: a run raised while being timed (``check`` notes it: no timings).
@@ -162,7 +177,9 @@ def time_model(
     with restored_after(snapshot):
         if train:
             model.train()
-        call = _step(model, inputs, train, sync)
+        call = _step(
+            model, lambda args, kwargs: inputs.call(model, args, kwargs), inputs, train, sync
+        )
 
         def reset() -> None:
             snapshot.restore()
@@ -187,8 +204,10 @@ def time_model(
                     if train:
                         twin.train()
 
-                compiled_model = torch.compile(twin)
-                compiled_call = _step(compiled_model, inputs, train, sync)  # type: ignore[arg-type]
+                compiled = _compiled(twin, inputs)
+                compiled_call = _step(
+                    twin, lambda args, kwargs: compiled(*args, **kwargs), inputs, train, sync
+                )
                 start = time.perf_counter()
                 compiled_call()
                 compile_s = time.perf_counter() - start

@@ -112,7 +112,8 @@ def locate(
 ) -> Divergence:
     """Run the model the ``first`` and the ``second`` way (each a label and a way to
     run it) with every module call's output recorded, and name the first call where
-    they differ."""
+    they differ. With ``inputs.method``, when every module call agrees but the
+    method's results do not, the model itself is named (the method's own code)."""
     (label_a, way_a), (label_b, way_b) = first, second
     a = _record(model, inputs, snapshot, train=train, way=way_a)
     b = _record(model, inputs, snapshot, train=train, way=way_b)
@@ -140,6 +141,20 @@ def locate(
     )
     if len(a.calls) != len(b.calls) or errors_differ:
         return _ended_apart(a, b, label_a, label_b)
+    if inputs.method is not None and a.result.output is not None and b.result.output is not None:
+        # The method is not a module call (no hook records it): its own code, around its
+        # module calls, is where the outputs part.
+        found = compare(a.result.output, b.result.output, "output", limit=5).differences
+        if found:
+            cls = type(model).__qualname__
+            return Divergence(
+                "",
+                cls,
+                None,
+                found,
+                note=f"every module call's output is the same in both runs: the difference "
+                f"is in {cls}.{inputs.method}'s own code, outside its module calls",
+            )
     same_result = not (
         compare(a.result.grads, b.result.grads).differences
         or compare(a.result.state_after, b.result.state_after).differences
