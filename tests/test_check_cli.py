@@ -97,6 +97,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(data) == {
         "schema",
         "model",
+        "method",
         "inputs",
         "mode",
         "device",
@@ -123,6 +124,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "raised",
     }
     assert data["threads"] == 1 and data["parity"]["diverged"] is None
+    assert data["method"] is None  # the model itself was called (its forward)
     timings = data["timings"]
     assert timings["repeats"] == 2 and timings["compiled"] is None
     assert set(timings["stock"]) == {"median", "min", "max"}

@@ -8,20 +8,24 @@ and RNG states, in the same grad mode as the timing (a forward under
 ``torch.no_grad()``; with ``train``, a forward and backward with grad); then the three
 ways of running it (stock, accelerated, ``torch.compile`` of a copy) are timed
 interleaved. A model holding ``fastmodule.Module`` subclasses runs stock inside
-``fastmodule.disabled()``.
+``fastmodule.disabled()``. With ``method="get_action_and_value"`` (``predict``,
+``generate``, ...) every run calls that method of the model instead of the model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.modules.module import _forward_unimplemented
 
 from fastmodule import _core
 from fastmodule.acceleration import NATIVE, accelerated
 from fastmodule.module import Module
+from fastmodule.tools.check.compare import is_numpy_array
 from fastmodule.tools.check.handovers import CallCount, count_handovers
 from fastmodule.tools.check.parity import Parity, Ways, check_parity
 from fastmodule.tools.check.report import CheckReport
@@ -38,6 +42,8 @@ __all__ = [
     "Timings",
     "check",
     "describe_inputs",
+    "model_methods",
+    "validate_method",
 ]
 
 #: The grad mode of a forward check (parity and timing alike).
@@ -46,17 +52,87 @@ FORWARD_MODE = "forward under torch.no_grad()"
 TRAIN_MODE = "train step: forward + backward with grad, training mode"
 
 
+def mode_of(what: str, train: bool) -> str:
+    """The grad mode in words for a check that runs ``what`` (``forward`` or a method
+    name): :data:`FORWARD_MODE` or :data:`TRAIN_MODE` with ``forward`` replaced."""
+    return (TRAIN_MODE if train else FORWARD_MODE).replace("forward", what, 1)
+
+
+def model_methods(model: torch.nn.Module) -> list[str]:
+    """The public methods of ``model``'s class beyond ``torch.nn.Module``'s, sorted (what
+    a ``method`` can name; ``forward`` when the class defines one)."""
+    base = set(dir(torch.nn.Module)) - {"forward"}
+    names = []
+    for name in dir(type(model)):
+        if name.startswith("_") or name in base:
+            continue
+        value = inspect.getattr_static(type(model), name, None)
+        if isinstance(value, (staticmethod, classmethod)) or inspect.isfunction(value):
+            if name == "forward" and value is _forward_unimplemented:
+                continue
+            names.append(name)
+    return names
+
+
+def _methods_hint(model: torch.nn.Module) -> str:
+    names = model_methods(model)
+    shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return f"its methods: {shown}" if names else "it defines no public methods"
+
+
+def validate_method(model: torch.nn.Module, method: str | None) -> None:
+    """Can ``check`` call ``model`` this way: ``method`` names a callable attribute of
+    ``model``; with None, the model has a ``forward`` or its own ``__call__`` (a module
+    without one, such as CleanRL's ``Agent``, is driven through a method).
+
+    Raises:
+        TypeError: ``method`` is not a string.
+        ValueError: the model has no such method, it is not callable, or (``method``
+            None) the model defines no ``forward``; the message says what to name.
+    """
+    cls = type(model).__qualname__
+    if method is None:
+        forward = getattr(model, "forward", None)
+        own_call = any(
+            getattr(type(model), name) is not getattr(torch.nn.Module, name)
+            for name in ("__call__", "_call_impl")
+        )
+        if getattr(forward, "__func__", forward) is _forward_unimplemented and not own_call:
+            raise ValueError(
+                f"{cls} has no forward, so model(...) cannot run it: name the method that "
+                f"does (method=NAME; on the command line --method NAME) ({_methods_hint(model)})"
+            )
+        return
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a method's name (a str), got {type(method).__name__}")
+    try:
+        value = getattr(model, method)
+    except AttributeError:
+        raise ValueError(
+            f"{cls} has no method {method!r}: name one it has ({_methods_hint(model)})"
+        ) from None
+    if not callable(value):
+        raise ValueError(
+            f"{cls}.{method} is a {type(value).__name__}, not a method: name one it has "
+            f"({_methods_hint(model)})"
+        )
+
+
 def _core_accelerated(cls: type) -> bool:
     return NATIVE and _core.is_accelerated_class(cls)
 
 
 def describe_inputs(inputs: Inputs) -> str:
-    """``1x3x224x224 float32`` for each tensor argument, ``name=...`` for keywords."""
+    """``1x3x224x224 float32`` for each tensor argument (``4x8 float32 ndarray`` for a
+    NumPy array), ``name=...`` for keywords."""
 
     def one(value: Any) -> str:
         if isinstance(value, torch.Tensor):
             shape = "x".join(str(n) for n in value.shape) or "scalar"
             return f"{shape} {str(value.dtype).removeprefix('torch.')}"
+        if is_numpy_array(value):
+            shape = "x".join(str(n) for n in value.shape) or "scalar"
+            return f"{shape} {value.dtype} ndarray"
         return type(value).__name__
 
     parts = [one(a) for a in inputs.args] + [f"{k}={one(v)}" for k, v in inputs.kwargs.items()]
@@ -134,6 +210,7 @@ def _accelerated_classes(model: torch.nn.Module) -> list[type]:
 def check(
     model: torch.nn.Module,
     *example_args: Any,
+    method: str | None = None,
     train: bool = False,
     timing: bool = True,
     compile: bool = True,
@@ -145,14 +222,24 @@ def check(
     """Compare ``model(*example_args, **example_kwargs)`` stock and accelerated, exactly,
     and time both (and ``torch.compile`` unless ``compile=False``).
 
-    Each run is a forward under ``torch.no_grad()``, for the comparison and the timing
-    alike; with ``train=True`` it is a forward and a ``backward()`` of the sum of the
-    floating-point outputs in training mode, with grad, and the grads are compared too.
-    Whatever the model returns is compared: tensors bitwise, containers, dataclasses,
-    ``ModelOutput``s, caches and other objects field by field (see
-    :mod:`fastmodule.tools.check.compare`). A run that raises is a result too: raising in
-    one run and not in another, or differently, is a difference. On a difference the
-    first module whose output differs is named (``report.parity.diverged``).
+    With ``method`` (``"get_action_and_value"``, ``"predict"``, ``"generate"``), every
+    run, timed ones included, calls ``getattr(model, method)(*example_args,
+    **example_kwargs)`` instead, exactly as a user's code calls it, and that call's
+    result is compared; ``torch.compile`` is timed as ``torch.compile`` of the bound
+    method of a copy (a failure to compile it is noted, the rest stands).
+
+    Each run is a forward (or the method) under ``torch.no_grad()``, for the comparison
+    and the timing alike; with ``train=True`` it runs in training mode, with grad, then
+    ``backward()`` of the sum of the floating-point outputs that require grad, and the
+    grads are compared too (a method that runs under ``torch.no_grad()`` itself, such as
+    ``predict`` or ``generate``, returns none: nothing is backpropagated, the grads stay
+    None in every run). Whatever the model returns is compared: tensors bitwise, NumPy
+    arrays by dtype, shape and bytes, containers, dataclasses, ``ModelOutput``s, caches
+    and other objects field by field (see :mod:`fastmodule.tools.check.compare`). A run
+    that raises is a result too: raising in one run and not in another, or differently,
+    is a difference. On a difference the first module whose output differs is named
+    (``report.parity.diverged``; with a method, the model itself when only the method's
+    own code differs).
 
     Lazy modules are materialised by a first stock run; otherwise the parameters,
     buffers (the registered objects and their values), grads, training flags and RNG
@@ -161,8 +248,10 @@ def check(
     as it is). ``str(report)`` is the formatted report.
 
     Raises:
-        TypeError: ``model`` is not a ``torch.nn.Module``.
-        ValueError: ``repeats`` or ``threads`` below 1.
+        TypeError: ``model`` is not a ``torch.nn.Module``, or ``method`` not a str.
+        ValueError: ``repeats`` or ``threads`` below 1; ``model`` has no method
+            ``method``, or it is not callable; ``method`` is None and ``model`` has no
+            ``forward`` (see :func:`validate_method`).
         CheckError: the model raised the same error in every run (it rejects the
             inputs; ``error.run`` says which run, ``error.error`` what it raised), or it
             holds ``fastmodule.Module`` subclasses and this fastmodule cannot run them
@@ -174,9 +263,10 @@ def check(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
+    validate_method(model, method)
     stock = _stock_way(model)
     ways = Ways(stock=stock, fast=lambda: accelerated(model))
-    inputs = Inputs(tuple(example_args), dict(example_kwargs))
+    inputs = Inputs(tuple(example_args), dict(example_kwargs), method)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -240,11 +330,12 @@ def check(
     return CheckReport(
         model=type(model).__qualname__,
         inputs=describe_inputs(inputs),
-        mode=TRAIN_MODE if train else FORWARD_MODE,
+        mode=mode_of(inputs.what, train),
         device=device,
         parity=parity,
         calls=calls,
         timings=timings,
         threads=threads if threads is not None else previous_threads,
         notes=notes,
+        method=method,
     )

@@ -62,6 +62,8 @@ class CheckReport:
     threads: int = 1
     #: Things to know about this check (lazy modules materialised, not timed, ...).
     notes: list[str] = field(default_factory=list)
+    #: The model's method each run called (None: the model itself, its forward).
+    method: str | None = None
 
     def __str__(self) -> str:
         return self.format()
@@ -91,6 +93,7 @@ class CheckReport:
         return {
             "schema": SCHEMA,
             "model": self.model,
+            "method": self.method,
             "inputs": self.inputs,
             "mode": self.mode,
             "device": self.device,
@@ -114,8 +117,9 @@ class CheckReport:
         """The report as lines for a terminal."""
         p = self.parity
         threads = f"{self.threads} thread{'' if self.threads == 1 else 's'}"
+        called = f"{self.model}.{self.method}" if self.method else self.model
         lines = [
-            f"fastmodule check  {self.model}  ({self.mode}, {self.device}, {threads}, "
+            f"fastmodule check  {called}  ({self.mode}, {self.device}, {threads}, "
             f"inputs {self.inputs})"
         ]
         if p.nondeterministic:
