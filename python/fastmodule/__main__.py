@@ -3,7 +3,8 @@
 ``python -m fastmodule doctor [--json]``,
 ``python -m fastmodule audit pkg.module:factory [--json] [--select/--ignore CODES]``,
 ``python -m fastmodule audit --explain FM001`` and
-``python -m fastmodule check pkg.module:factory [--input 1x3x224x224] [--train] [--json]``.
+``python -m fastmodule check pkg.module:factory [--input 1x3x224x224] [--method NAME]
+[--train] [--json]``.
 
 Every subcommand runs under :func:`main`'s common handling: a closed pipe (``| head``)
 ends it quietly with status 141 (as a process ended by SIGPIPE), Ctrl-C prints one line
@@ -198,8 +199,9 @@ def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the parameters and buffers after the run and state_dict (with --train also "
         "grads); on a difference, name the first module whose output differs. Then time "
         "stock, "
-        "accelerated and torch.compile, interleaved. Each run is a forward under "
-        "torch.no_grad(), or with --train a forward and backward with grad. Exit status: 0 "
+        "accelerated and torch.compile, interleaved. Each run is a forward (or, with "
+        "--method NAME, a call of the model's method NAME) under torch.no_grad(), or with "
+        "--train a forward (the method) and backward with grad. Exit status: 0 "
         "identical, 1 different, 2 when FACTORY, the options or the inputs cannot be used "
         "or the model raises on the inputs in every run, 3 when two stock runs already "
         "differ (nondeterministic model: nothing compared).",
@@ -217,6 +219,13 @@ def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SHAPE[:DTYPE]",
         help="a random positional input instead of the factory's, e.g. 1x3x224x224 or "
         "1x8:int64 (floats from randn, integers from 0-15); repeat for more arguments",
+    )
+    check.add_argument(
+        "--method",
+        metavar="NAME",
+        help="call the model's method NAME with the inputs in every run instead of the "
+        "model itself (its forward), e.g. get_action_and_value, predict or generate; "
+        "torch.compile is timed on the bound method",
     )
     check.add_argument("--dtype", help="convert the model and its floating inputs, e.g. bfloat16")
     check.add_argument("--device", default="cpu", help="run on this device (default: cpu)")
@@ -411,7 +420,7 @@ def run_check(args: argparse.Namespace) -> int:
     object of the error then, ``raised`` saying which run raised what, or null)."""
     from fastmodule.cli.factory import FactoryError, load_factory
     from fastmodule.cli.inputs import InputError, prepare
-    from fastmodule.tools.check import CheckError, check
+    from fastmodule.tools.check import CheckError, check, validate_method
     from fastmodule.tools.check.report import EXIT_UNUSABLE, raised_json
 
     def fail(message: str, error: CheckError | None = None) -> int:
@@ -429,9 +438,14 @@ def run_check(args: argparse.Namespace) -> int:
     except (FactoryError, InputError) as e:
         return fail(str(e))
     try:
+        validate_method(model, args.method)
+    except ValueError as e:
+        return fail(f"--method {args.method}: {e}" if args.method is not None else str(e))
+    try:
         report = check(
             model,
             *inputs.args,
+            method=args.method,
             train=args.train,
             timing=not args.no_timing,
             compile=args.compile,
