@@ -15,6 +15,7 @@ interleaved. A model holding ``fastmodule.Module`` subclasses runs stock inside
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 from typing import Any
 
@@ -74,10 +75,12 @@ def model_methods(model: torch.nn.Module) -> list[str]:
     return names
 
 
-def _methods_hint(model: torch.nn.Module) -> str:
+def _methods_hint(model: torch.nn.Module, method: str | None = None) -> str:
     names = model_methods(model)
+    close = difflib.get_close_matches(method, names, n=1) if method else []
     shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-    return f"its methods: {shown}" if names else "it defines no public methods"
+    hint = f"its methods: {shown}" if names else "it defines no public methods"
+    return f"did you mean {close[0]!r}? {hint}" if close else hint
 
 
 def validate_method(model: torch.nn.Module, method: str | None) -> None:
@@ -108,9 +111,11 @@ def validate_method(model: torch.nn.Module, method: str | None) -> None:
     try:
         value = getattr(model, method)
     except AttributeError:
+        value = None
+    if value is None or getattr(value, "__func__", None) is _forward_unimplemented:
         raise ValueError(
-            f"{cls} has no method {method!r}: name one it has ({_methods_hint(model)})"
-        ) from None
+            f"{cls} has no method {method!r}: name one it has ({_methods_hint(model, method)})"
+        )
     if not callable(value):
         raise ValueError(
             f"{cls}.{method} is a {type(value).__name__}, not a method: name one it has "
