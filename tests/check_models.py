@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -282,3 +283,163 @@ def interrupted() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     Interrupted.calls = 0
     return Interrupted().eval(), torch.randn(4, 8)
+
+
+# Models driven through a method, not forward (issue 37, item 2): check --method NAME.
+
+
+def _layer_init(layer: nn.Linear, std: float = 2**0.5, bias_const: float = 0.0) -> nn.Linear:
+    """CleanRL's ``layer_init``: orthogonal weights, constant bias."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """CleanRL's PPO ``Agent`` (ppo.py), smaller: a critic and an actor, no forward; it
+    is driven through ``get_value`` and ``get_action_and_value``, which samples an
+    action from a ``Categorical`` unless one is given."""
+
+    def __init__(self, observations: int = 4, actions: int = 2, hidden: int = 16) -> None:
+        super().__init__()
+        self.critic = nn.Sequential(
+            _layer_init(nn.Linear(observations, hidden)),
+            nn.Tanh(),
+            _layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            _layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            _layer_init(nn.Linear(observations, hidden)),
+            nn.Tanh(),
+            _layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            _layer_init(nn.Linear(hidden, actions), std=0.01),
+        )
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.actor(x)
+        probs = torch.distributions.Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def agent() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """An ``Agent`` and a batch of observations with the actions taken (a PPO update's
+    call: deterministic)."""
+    torch.manual_seed(0)
+    return Agent(), (torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+
+def agent_sampling() -> tuple[nn.Module, torch.Tensor]:
+    """An ``Agent`` and observations only: each call samples the actions (a rollout's
+    call), reproducible because every run starts from the same RNG state."""
+    torch.manual_seed(0)
+    return Agent(), torch.randn(32, 4)
+
+
+class Policy(nn.Module):
+    """What Stable-Baselines3's ``BasePolicy`` does around its network, without SB3:
+    ``set_training_mode``, a ``device`` property, and ``predict`` taking and returning
+    NumPy arrays (and a recurrent state, None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp_extractor = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16))
+        self.action_net = nn.Linear(16, 3)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.train(mode)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        logits = self.action_net(self.mlp_extractor(obs))
+        if deterministic:
+            return logits.argmax(-1)
+        return torch.distributions.Categorical(logits=logits).sample()
+
+    def predict(self, observation: np.ndarray, deterministic: bool = True) -> tuple[object, None]:
+        self.set_training_mode(False)
+        obs = torch.as_tensor(observation, device=self.device)
+        with torch.no_grad():
+            actions = self(obs, deterministic=deterministic)
+        return actions.cpu().numpy(), None
+
+
+def policy() -> tuple[nn.Module, tuple[np.ndarray]]:
+    torch.manual_seed(0)
+    return Policy(), (np.random.default_rng(0).standard_normal((5, 4), dtype=np.float32),)
+
+
+class ScalesObservations(Policy):
+    """``predict`` scales its observation array in place (each run gets a fresh copy)."""
+
+    def predict(self, observation: np.ndarray, deterministic: bool = True) -> tuple[object, None]:
+        observation *= 2
+        return super().predict(observation, deterministic)
+
+
+def scales_observations() -> tuple[nn.Module, tuple[np.ndarray]]:
+    torch.manual_seed(0)
+    obs = np.random.default_rng(0).standard_normal((5, 4), dtype=np.float32)
+    return ScalesObservations(), (obs,)
+
+
+def gpt2_generate() -> tuple[nn.Module, dict[str, object]]:
+    """A tiny HF GPT-2 LM head (no download) and greedy ``generate`` arguments."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=None,  # GPT-2's 50256 is outside the tiny vocabulary
+        eos_token_id=None,  # no end of sequence: max_new_tokens every time
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    return model, {
+        "input_ids": torch.randint(0, 100, (1, 6)),
+        "attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "do_sample": False,
+        "max_new_tokens": 5,
+        "pad_token_id": 0,
+    }
+
+
+class ShiftedAgent(Agent):
+    """An ``Agent`` whose actor shifts its hidden state by 1 when accelerated (a
+    ``Shift`` module inside ``actor``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor.insert(2, Shift())
+
+
+def shifted_agent() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    return ShiftedAgent(), (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+
+
+class MethodDiffers(Agent):
+    """``get_value`` adds 1 in its own code (outside any module call) when accelerated."""
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        value = super().get_value(x)
+        return value + 1 if fastmodule.is_accelerated(self) else value
+
+
+def method_differs() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return MethodDiffers(), torch.randn(8, 4)
