@@ -17,6 +17,8 @@ Usage::
 ``--growth SCALE ...`` counts only the fastmodule side, with the case's tree
 scaled by each factor (``tree_load_state_dict`` has 500 blocks at scale 1, the
 other tree cases 2000), and prints each count's growth from the previous one.
+``--keep DIR`` keeps callgrind's files (``CASE.SIDE.SCALE.out.1``) for
+``callgrind_annotate``.
 
 Instructions are not time: cache misses and branch mispredictions are not
 counted, so a memory-bound walk can gain less time than instructions.
@@ -25,6 +27,7 @@ counted, so a memory-bound walk can gain less time than instructions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import re
@@ -116,14 +119,23 @@ def main() -> None:
         metavar="SCALE",
         help="count the fastmodule side only, at each tree scale",
     )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep callgrind's files in DIR (for callgrind_annotate) instead of a temp folder",
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         name, side, loops, helper, scale = args.child
         child(name, side, int(loops), helper, float(scale))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            workdir = Path(args.keep)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         helper = build_helper(workdir)
         if args.growth:
             print("| case | scale | fastmodule | growth |")
