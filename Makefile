@@ -161,7 +161,7 @@ check-next-python:
 	PYO3_CONFIG_FILE=$(abspath .ci/pyo3-py315.cfg) cargo check --lib --target-dir target/py315
 	PYO3_CONFIG_FILE=$(abspath .ci/pyo3-py314t.cfg) cargo check --lib --target-dir target/py314t
 
-# Portable release wheels: CPython 3.11, 3.12 and 3.13 for each architecture in ARCHS,
+# Portable release wheels: CPython 3.11, 3.12, 3.13 and 3.14 for each architecture in ARCHS,
 # tagged manylinux_2_28. zig (the `ziglang` package from PyPI) links them against
 # glibc 2.28's symbols whatever the build machine's glibc, and cross-links aarch64.
 # A wheel of another architecture needs Rust's std for its target (`rustup target
