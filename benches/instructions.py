@@ -63,7 +63,8 @@ def child(case_name: str, side: str, loops: int, helper: str, scale: float = 1.0
     """Run inside valgrind: build the case, warm up, count ``loops`` executions."""
     import torch
 
-    from fastmodule.bench.cases import get_case, set_scale
+    from fastmodule.bench.case import set_scale
+    from fastmodule.bench.registry import get_case
 
     torch.set_num_threads(1)
     set_scale(scale)

@@ -25,16 +25,8 @@ from torch import nn
 from torch.nn.modules import module as module_py
 
 from fastmodule.acceleration import accelerated
-from fastmodule.bench.cases import (
-    Case,
-    FastIdentity,
-    StockIdentity,
-    Variant,
-    _identity_forward,
-    _pair,
-    _three,
-    _torch_mlp,
-)
+from fastmodule.bench.case import Case, Variant, pair, three
+from fastmodule.bench.synthetic import FastIdentity, StockIdentity, identity_forward, torch_mlp
 
 __all__ = ["HOOK_CASES"]
 
@@ -62,7 +54,7 @@ def _build_hooked_call(pre: bool) -> Callable[[torch.device], dict[str, Variant]
         lower = "a = (x,); o = f(x); post(m, a, o)"
         if pre:
             lower = "a = (x,); pre(m, a); o = f(x); post(m, a, o)"
-        return _three(
+        return three(
             Variant("m(x)", {"m": stock, "x": x}),
             Variant("m(x)", {"m": fast, "x": x}),
             Variant(lower, ns),
@@ -98,7 +90,7 @@ def _mlp_hooked_lower(
 
 def _build_mlp64_global_hook(device: torch.device) -> dict[str, Variant]:
     torch.manual_seed(0)
-    stock = _torch_mlp().to(device)
+    stock = torch_mlp().to(device)
     fast = copy.deepcopy(stock)
     layers = [
         (blk, blk[0], blk[1], (blk[0].weight.detach(), blk[0].bias.detach())) for blk in stock
@@ -120,7 +112,7 @@ def _build_mlp64_global_hook(device: torch.device) -> dict[str, Variant]:
     with fast_context():
         if not torch.equal(ref, fast(x)):
             raise RuntimeError("mlp64_global_hook: stock and fast disagree")
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, stock_context),
         Variant("m(x)", {"m": fast, "x": x}, fast_context),
         Variant(
@@ -180,7 +172,7 @@ def _build_quant_observers(device: torch.device) -> dict[str, Variant]:
             out = fast(x)
         if not torch.equal(ref, out):
             raise RuntimeError("quant_observers: stock and fast disagree")
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),
         Variant("m(x)", {"m": fast, "x": x}, context),
         Variant("f(x, leaves)", {"f": _observed_lower, "x": x, "leaves": leaves}, torch.no_grad),
@@ -217,7 +209,7 @@ def _build_weight_norm_convs(device: torch.device) -> dict[str, Variant]:
             out = fast(x)
         if not torch.equal(ref, out) or not torch.allclose(ref, _weight_norm_lower(x, convs)):
             raise RuntimeError("weight_norm_convs: stock, fast and lower bound disagree")
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),
         Variant("m(x)", {"m": fast, "x": x}, context),
         Variant("f(x, convs)", {"f": _weight_norm_lower, "x": x, "convs": convs}, torch.no_grad),
@@ -235,9 +227,9 @@ def _own_getattribute(self: nn.Module, name: str) -> Any:
     return object.__getattribute__(self, name)
 
 
-StockOwnCall, FastOwnCall = _pair("OwnCall", {"forward": _identity_forward, "__call__": _own_call})
-StockOwnGetattribute, FastOwnGetattribute = _pair(
-    "OwnGetattribute", {"forward": _identity_forward, "__getattribute__": _own_getattribute}
+StockOwnCall, FastOwnCall = pair("OwnCall", {"forward": identity_forward, "__call__": _own_call})
+StockOwnGetattribute, FastOwnGetattribute = pair(
+    "OwnGetattribute", {"forward": identity_forward, "__getattribute__": _own_getattribute}
 )
 
 
@@ -249,7 +241,7 @@ def _handover(
     def build(device: torch.device) -> dict[str, Variant]:
         x = torch.zeros(1)
         stock, fast = (make(c) for c in classes)
-        return _three(
+        return three(
             Variant("m(x)", {"m": stock, "x": x}, context),
             Variant("m(x)", {"m": fast, "x": x}, context),
             Variant("m(x)", {"m": stock, "x": x}, context),
@@ -281,7 +273,7 @@ def _build_handover_frame_counting(device: torch.device) -> dict[str, Variant]:
     stock, fast = nn.InstanceNorm1d(4), nn.InstanceNorm1d(4)
     x = torch.randn(1, 4, 2)
     context = _accelerated_context(fast)
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),
         Variant("m(x)", {"m": fast, "x": x}, context),
         Variant("m(x)", {"m": stock, "x": x}, torch.no_grad),

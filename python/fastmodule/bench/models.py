@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,24 +24,9 @@ import torch
 from torch import nn
 
 from fastmodule.acceleration import accelerated
-from fastmodule.bench.cases import Case, Variant
+from fastmodule.bench.case import Case, Variant, decode, direct_forward, have, sync_for
 
 __all__ = ["MODEL_CASES", "bert_model", "gpt2_model", "resnet18_model", "vit_model"]
-
-
-def _direct_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return self.forward(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _direct_forward() -> Iterator[None]:
-    """Module calls go straight to ``forward`` (hooks and all machinery skipped)."""
-    original = nn.Module.__dict__["__call__"]
-    nn.Module.__call__ = _direct_call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.__call__ = original  # type: ignore[method-assign]
 
 
 def _three_contexts(
@@ -61,7 +44,7 @@ def _three_contexts(
 
     @contextlib.contextmanager
     def lower() -> Iterator[None]:
-        with torch.inference_mode(), _direct_forward():
+        with torch.inference_mode(), direct_forward():
             yield
 
     return {
@@ -77,14 +60,10 @@ def _checked(model: nn.Module, run: Callable[[], Any], same: Callable[[Any, Any]
         ref = run()
         with accelerated(model):
             fast = run()
-        with _direct_forward():
+        with direct_forward():
             lower = run()
     if not (same(ref, fast) and same(ref, lower)):
         raise RuntimeError("stock, fast and lower bound disagree")
-
-
-def _sync(device: torch.device) -> Callable[[], None] | None:
-    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def gpt2_model(device: torch.device) -> nn.Module:
@@ -113,7 +92,7 @@ def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
         return model(ids, use_cache=False).logits
 
     _checked(model, run, torch.equal)
-    variants = _three_contexts(model, "run()", {"run": run}, _sync(device))
+    variants = _three_contexts(model, "run()", {"run": run}, sync_for(device))
     # torch.compile of a stock copy (only timed with --compile).
     compiled = torch.compile(copy.deepcopy(model))
 
@@ -121,29 +100,9 @@ def _build_gpt2_forward(device: torch.device) -> dict[str, Variant]:
         return compiled(ids, use_cache=False).logits
 
     variants["compiled"] = Variant(
-        "run()", {"run": run_compiled}, torch.inference_mode, _sync(device)
+        "run()", {"run": run_compiled}, torch.inference_mode, sync_for(device)
     )
     return variants
-
-
-def _cache_argument(model: nn.Module) -> str:
-    """The name under which the installed transformers takes and returns the KV cache
-    (``cache`` in recent releases, ``past_key_values`` before)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def decode(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy token-by-token decoding with the KV cache: ``steps`` model calls."""
-    name = _cache_argument(model)
-    out = model(ids, use_cache=True)
-    token = out.logits[:, -1:].argmax(-1)
-    tokens = [token]
-    for _ in range(steps - 1):
-        out = model(token, use_cache=True, **{name: getattr(out, name)})
-        token = out.logits[:, -1:].argmax(-1)
-        tokens.append(token)
-    return torch.cat(tokens, dim=1)
 
 
 def _build_gpt2_decode(device: torch.device) -> dict[str, Variant]:
@@ -154,7 +113,7 @@ def _build_gpt2_decode(device: torch.device) -> dict[str, Variant]:
         return decode(model, ids, 16)
 
     _checked(model, run, torch.equal)
-    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+    return _three_contexts(model, "run()", {"run": run}, sync_for(device))
 
 
 def bert_model(device: torch.device) -> nn.Module:
@@ -180,7 +139,7 @@ def _build_bert_forward(device: torch.device) -> dict[str, Variant]:
         return model(ids).last_hidden_state
 
     _checked(model, run, torch.equal)
-    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+    return _three_contexts(model, "run()", {"run": run}, sync_for(device))
 
 
 def resnet18_model(device: torch.device) -> nn.Module:
@@ -199,7 +158,7 @@ def _build_resnet18_forward(device: torch.device) -> dict[str, Variant]:
         return model(x)
 
     _checked(model, run, torch.equal)
-    return _three_contexts(model, "run()", {"run": run}, _sync(device))
+    return _three_contexts(model, "run()", {"run": run}, sync_for(device))
 
 
 def vit_model(device: torch.device) -> nn.Module:
@@ -221,11 +180,7 @@ def _build_vit_forward(device: torch.device) -> dict[str, Variant]:
         return model(x)
 
     _checked(model, run, torch.equal)
-    return _three_contexts(model, "run()", {"run": run}, _sync(device))
-
-
-def _have(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
+    return _three_contexts(model, "run()", {"run": run}, sync_for(device))
 
 
 MODEL_CASES: tuple[Case, ...] = tuple(
@@ -277,5 +232,5 @@ MODEL_CASES: tuple[Case, ...] = tuple(
             "timm",
         ),
     )
-    if _have(package)
+    if have(package)
 )

@@ -13,9 +13,10 @@ from typing import Any, TextIO
 import torch
 
 import fastmodule  # upward: its __version__, defined once in the package's __init__
-from fastmodule.bench.cases import KINDS, FastIdentity
+from fastmodule.bench.case import KINDS
 from fastmodule.bench.runner import CaseResult, Settings
 from fastmodule.bench.series import SeriesPoint
+from fastmodule.bench.synthetic import FastIdentity
 from fastmodule.module import slots_of
 
 __all__ = ["collect_meta", "format_header", "format_table", "result_to_dict", "write_json"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastmodule.bench.cases import KINDS, Case, Variant, set_scale
+from fastmodule.bench.case import KINDS, Case, Variant, set_scale
 
 __all__ = ["DEFAULT", "QUICK", "CaseResult", "Settings", "Stats", "run_case"]
 

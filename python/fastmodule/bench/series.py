@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastmodule.bench.cases import FastTree, StockTree
+from fastmodule.bench.synthetic import FastTree, StockTree
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "SeriesPoint", "format_series", "run_series"]
 

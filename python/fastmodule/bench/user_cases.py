@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,8 +50,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastmodule.acceleration import accelerated
-from fastmodule.bench.cases import Case, Variant, _three, scaled
-from fastmodule.bench.models import _direct_forward, _sync, decode
+from fastmodule.bench.case import (
+    Case,
+    Variant,
+    decode,
+    direct_forward,
+    have,
+    scaled,
+    sync_for,
+    three,
+)
 
 __all__ = [
     "USER_CASES",
@@ -198,7 +205,7 @@ def bare_modules(model: nn.Module) -> Iterator[None]:
                     attrs[name] = value
                     added.append((attrs, name))
     try:
-        with _direct_forward():
+        with direct_forward():
             yield
     finally:
         for attrs, name in added:
@@ -252,7 +259,7 @@ def _root_builder(
     def build(device: torch.device) -> dict[str, Variant]:
         model = factory(scaled(4)).to(device).train()
         lower = textbook_tree(model)
-        sync = _sync(device)
+        sync = sync_for(device)
         # A copy (ties kept): a tensor copied onto itself would skip the copy (copy_'s
         # early exit for the same data), and the lower tree holds copies of its own.
         sd = copy.deepcopy(model.state_dict())
@@ -267,7 +274,7 @@ def _root_builder(
         def namespace(tree: nn.Module) -> dict[str, Any]:
             return {"m": tree, "sd": sd, "given": _grads(tree), "dtype": torch.float32}
 
-        return _three(
+        return three(
             Variant(stmt, namespace(model), sync=sync),
             Variant(stmt, namespace(model), _accelerated(model), sync),
             Variant(stmt, namespace(lower), _accelerated(lower), sync),
@@ -371,7 +378,7 @@ def _step_builder(
     def build(device: torch.device) -> dict[str, Variant]:
         model, loss_of = make(device)
         model.train()
-        sync = _sync(device)
+        sync = sync_for(device)
 
         def run() -> torch.Tensor:
             return loss_of(model)
@@ -391,7 +398,7 @@ def _step_builder(
             "params": params,
             "given": [(p, p.grad.clone() if p.grad is not None else None) for p in params],
         }
-        return _three(
+        return three(
             Variant(stmt, namespace, sync=sync),
             Variant(stmt, namespace, _accelerated(model), sync),
             Variant(lower_stmt, namespace, lambda: bare_modules(model), sync),
@@ -407,7 +414,7 @@ def _generation_builder(
         model = factory().to(device).eval()
         torch.manual_seed(2)
         ids = torch.randint(3, VOCAB - 1, (1, 8), device=device)
-        sync = _sync(device)
+        sync = sync_for(device)
         mask = torch.ones_like(ids)
         if how == "decode":
 
@@ -440,7 +447,7 @@ def _generation_builder(
             return context()
 
         namespace = {"run": run}
-        return _three(
+        return three(
             Variant("run()", namespace, stock, sync),
             Variant("run()", namespace, _accelerated(model, torch.inference_mode), sync),
             Variant("run()", namespace, lower, sync),
@@ -458,10 +465,6 @@ _STEP_MODELS: tuple[tuple[str, Callable[[torch.device], Any], str, str], ...] = 
 _LOWER_STEP = "lower bound: module calls straight to forward, registered names plain attributes"
 
 
-def _have(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
-
-
 STEP_CASES: tuple[Case, ...] = tuple(
     Case(
         f"step_{short}_{phase}",
@@ -471,7 +474,7 @@ STEP_CASES: tuple[Case, ...] = tuple(
         default=False,
     )
     for short, make, what, package in _STEP_MODELS
-    if _have(package)
+    if have(package)
     for phase, stmt, lower_stmt, text in _PHASES
 ) + tuple(
     Case(
@@ -488,8 +491,8 @@ STEP_CASES: tuple[Case, ...] = tuple(
         ("gpt2", gpt2_tiny, "GPT2LMHeadModel"),
         ("llama", llama_tiny, "LlamaForCausalLM"),
     )
-    if _have("transformers")
+    if have("transformers")
 )
 
 #: Every case of this module (``root_*`` only where transformers is installed).
-USER_CASES: tuple[Case, ...] = (ROOT_CASES if _have("transformers") else ()) + STEP_CASES
+USER_CASES: tuple[Case, ...] = (ROOT_CASES if have("transformers") else ()) + STEP_CASES

@@ -1,22 +1,26 @@
-"""Benchmark cases: the same work on stock ``torch.nn.Module``, on ``fastmodule.Module``
-and without module machinery (the lower bound).
+"""The synthetic benchmark cases: the same work on stock ``torch.nn.Module``, on
+``fastmodule.Module`` and without module machinery (the lower bound), on small classes
+built here.
 
-Every case builds three :class:`Variant` objects. A variant is a statement plus the
-namespace it runs in, so the runner can time it in a tight compiled loop
-(``timeit``) and pytest-benchmark can turn it into a plain callable.
+- Calls (``call``, ``call_kwargs``, ``call_reassigned_buffer``, ``call_after_trace``),
+  attribute reads (``getattr_*``) and writes (``setattr_*``) on one module.
+- Whole-tree methods on a wide tree (``tree_*``), on a mixture-of-experts shaped tree
+  (``moe_*``) and on a wide tree of stock classes under ``fastmodule.accelerate``
+  (``accel_tree_*``).
+- Small models: ``mlp64`` (``fastmodule.Module`` containers) and ``mlp64_accelerated``,
+  ``cnn_accelerated``, ``block_accelerated`` (torch's layers, accelerated).
 
-The stock and fast classes of each pair are built by :func:`_pair` from the *same*
-function objects, so the only difference between the two columns is the base class.
+The stock and fast classes of each pair are built by
+:func:`~fastmodule.bench.case.pair` from the *same* function objects, so the only
+difference between the two columns is the base class. The case type and the shared
+helpers are in :mod:`~fastmodule.bench.case`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
-import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,90 +28,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastmodule.acceleration import accelerated
-from fastmodule.module import Module
+from fastmodule.bench.case import Case, Variant, pair, scaled, three
 from fastmodule.tools.strict import strict
 
 __all__ = [
-    "CASES",
-    "KINDS",
-    "Case",
-    "Variant",
-    "case_names",
-    "default_case_names",
-    "get_case",
-    "scaled",
-    "set_scale",
+    "SYNTHETIC_CASES",
+    "FastIdentity",
+    "FastTree",
+    "StockIdentity",
+    "StockTree",
+    "identity_forward",
+    "mlp_lower",
+    "torch_mlp",
 ]
-
-#: The three columns of every case, in the order they are timed.
-KINDS: tuple[str, ...] = ("stock", "fast", "lower")
-
-#: Size factor of the whole-tree cases (``--quick`` runs them on smaller trees).
-_SCALE = [1.0]
-
-
-def set_scale(scale: float) -> None:
-    """Scale the trees of the whole-tree cases (1.0: the sizes in their descriptions)."""
-    _SCALE[0] = scale
-
-
-def scaled(n: int) -> int:
-    """``n`` times the current scale, at least 1."""
-    return max(1, round(n * _SCALE[0]))
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One side of a case: ``stmt`` executed with ``namespace`` as globals."""
-
-    stmt: str
-    namespace: dict[str, Any]
-    #: Context entered around the whole timed loop (e.g. ``torch.inference_mode``).
-    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
-    #: Called before each clock read (e.g. ``torch.cuda.synchronize``); ``None`` for CPU.
-    sync: Callable[[], None] | None = None
-
-    def as_callable(self) -> Callable[[], None]:
-        """Compile ``stmt`` into a zero-argument function (for pytest-benchmark)."""
-        ns = dict(self.namespace)
-        body = textwrap.indent(self.stmt, "    ")  # every line, as timeit's template does
-        exec(compile(f"def _op():\n{body}\n", "<bench>", "exec"), ns)
-        return ns["_op"]
-
-
-@dataclass(frozen=True)
-class Case:
-    """A named benchmark: ``build(device)`` returns ``{"stock", "fast", "lower"}`` variants."""
-
-    name: str
-    description: str
-    build: Callable[[torch.device], dict[str, Variant]] = field(repr=False)
-    #: Whether the case honours ``--device`` (only ``mlp64`` does).
-    uses_device: bool = False
-    #: Whether a plain ``fastmodule bench`` runs it; the others (the ``root_*`` and
-    #: ``step_*`` groups) run when ``--only`` names them or a pattern matches them.
-    default: bool = True
 
 
 class Plain:
     """A plain Python object: the lower bound for attribute reads and writes."""
 
 
-def _pair(
-    name: str, body: dict[str, Any], **per_side: tuple[Any, Any]
-) -> tuple[type[nn.Module], type[nn.Module]]:
-    """Build ``Stock<name>`` and ``Fast<name>`` sharing the very same methods.
-
-    ``per_side`` maps class attributes to a ``(stock_value, fast_value)`` pair.
-    """
-    classes = []
-    for i, (prefix, base) in enumerate((("Stock", nn.Module), ("Fast", Module))):
-        ns = {"__module__": __name__, **body, **{k: v[i] for k, v in per_side.items()}}
-        classes.append(type(f"{prefix}{name}", (base,), ns))
-    return classes[0], classes[1]
-
-
-def _identity_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def identity_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
@@ -164,39 +104,30 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-StockIdentity, FastIdentity = _pair("Identity", {"forward": _identity_forward})
-StockKwargs, FastKwargs = _pair("Kwargs", {"forward": _kwargs_forward})
-StockLeaf, FastLeaf = _pair("Leaf", {"__init__": _leaf_init, "forward": _identity_forward})
-StockParent, FastParent = _pair(
+StockIdentity, FastIdentity = pair("Identity", {"forward": identity_forward})
+StockKwargs, FastKwargs = pair("Kwargs", {"forward": _kwargs_forward})
+StockLeaf, FastLeaf = pair("Leaf", {"__init__": _leaf_init, "forward": identity_forward})
+StockParent, FastParent = pair(
     "Parent",
-    {"__init__": _parent_init, "forward": _identity_forward},
+    {"__init__": _parent_init, "forward": identity_forward},
     leaf_cls=(StockLeaf, FastLeaf),
 )
-StockTraced, FastTraced = _pair(
+StockTraced, FastTraced = pair(
     "Traced",
     {"__init__": _parent_init, "forward": _parent_call_forward},
     leaf_cls=(StockLeaf, FastLeaf),
 )
-StockCache, FastCache = _pair("Cache", {"__init__": _cache_init, "forward": _cache_forward})
-StockBlock, FastBlock = _pair("Block", {"__init__": _block_init, "forward": _block_forward})
-StockMLP, FastMLP = _pair(
+StockCache, FastCache = pair("Cache", {"__init__": _cache_init, "forward": _cache_forward})
+StockBlock, FastBlock = pair("Block", {"__init__": _block_init, "forward": _block_forward})
+StockMLP, FastMLP = pair(
     "MLP", {"__init__": _mlp_init, "forward": _mlp_forward}, block_cls=(StockBlock, FastBlock)
 )
-
-
-def _three(stock: Variant, fast: Variant, lower: Variant) -> dict[str, Variant]:
-    """Bundle the three variants, running each once so timing starts in steady state."""
-    variants = {"stock": stock, "fast": fast, "lower": lower}
-    for v in variants.values():
-        with v.context():
-            v.as_callable()()
-    return variants
 
 
 def _build_call(device: torch.device) -> dict[str, Variant]:
     x = torch.zeros(1)
     stock, fast = StockIdentity(), FastIdentity()
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}),
         Variant("m(x)", {"m": fast, "x": x}),
         Variant("m.forward(x)", {"m": stock, "x": x}),
@@ -206,7 +137,7 @@ def _build_call(device: torch.device) -> dict[str, Variant]:
 def _build_call_kwargs(device: torch.device) -> dict[str, Variant]:
     x, y = torch.zeros(1), torch.zeros(1)
     stock, fast = StockKwargs(), FastKwargs()
-    return _three(
+    return three(
         Variant("m(x, y=y)", {"m": stock, "x": x, "y": y}),
         Variant("m(x, y=y)", {"m": fast, "x": x, "y": y}),
         Variant("m.forward(x, y=y)", {"m": stock, "x": x, "y": y}),
@@ -216,7 +147,7 @@ def _build_call_kwargs(device: torch.device) -> dict[str, Variant]:
 def _build_call_reassigned_buffer(device: torch.device) -> dict[str, Variant]:
     x, y = torch.zeros(1), torch.ones(1)
     stock, fast = StockCache(), FastCache()
-    return _three(
+    return three(
         Variant("m(x); m(y)", {"m": stock, "x": x, "y": y}),
         Variant("m(x); m(y)", {"m": fast, "x": x, "y": y}),
         Variant("m.forward(x); m.forward(y)", {"m": stock, "x": x, "y": y}),
@@ -234,7 +165,7 @@ def _build_call_after_trace(device: torch.device) -> dict[str, Variant]:
     for m in (stock, fast):
         torch.fx.symbolic_trace(m)
         torch.export.export(m, (x,), strict=False)
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}),
         Variant("m(x)", {"m": fast, "x": x}),
         # The same math with the module machinery removed: the child's forward
@@ -256,8 +187,8 @@ def _tree_init(self: nn.Module, blocks: int = 2000) -> None:
         self.add_module(f"b{i}", type(self).block_cls())
 
 
-StockTreeBlock, FastTreeBlock = _pair("TreeBlock", {"__init__": _tree_block_init})
-StockTree, FastTree = _pair(
+StockTreeBlock, FastTreeBlock = pair("TreeBlock", {"__init__": _tree_block_init})
+StockTree, FastTree = pair(
     "Tree", {"__init__": _tree_init}, block_cls=(StockTreeBlock, FastTreeBlock)
 )
 
@@ -281,7 +212,7 @@ def _pair_builder(
         def namespace(m: nn.Module) -> dict[str, Any]:
             return {"m": m, "sd": sd, **(extra(m) if extra else {})}
 
-        return _three(
+        return three(
             Variant(stmt, namespace(stock)),
             Variant(stmt, namespace(fast)),
             lower(stock),
@@ -331,11 +262,11 @@ def _moe_init(self: nn.Module, layers: int = 32) -> None:
     self.layers = nn.ModuleList(type(self).layer_cls() for _ in range(layers))
 
 
-StockExpert, FastExpert = _pair("Expert", {"__init__": _expert_init})
-StockMoELayer, FastMoELayer = _pair(
+StockExpert, FastExpert = pair("Expert", {"__init__": _expert_init})
+StockMoELayer, FastMoELayer = pair(
     "MoELayer", {"__init__": _moe_layer_init}, expert_cls=(StockExpert, FastExpert)
 )
-StockMoE, FastMoE = _pair("MoE", {"__init__": _moe_init}, layer_cls=(StockMoELayer, FastMoELayer))
+StockMoE, FastMoE = pair("MoE", {"__init__": _moe_init}, layer_cls=(StockMoELayer, FastMoELayer))
 
 
 def _moe_builder(
@@ -381,7 +312,7 @@ def _accelerated_tree_builder(
             with accelerated(tree):
                 yield
 
-        return _three(
+        return three(
             Variant(stmt, {"m": tree, "sd": sd}),
             Variant(stmt, {"m": tree, "sd": sd}, fast),
             lower(tree),
@@ -439,7 +370,7 @@ def _plain_object() -> Plain:
 
 def _getattr_builder(stmt: str, lower_stmt: str) -> Callable[[torch.device], dict[str, Variant]]:
     def build(device: torch.device) -> dict[str, Variant]:
-        return _three(
+        return three(
             Variant(stmt, {"parent": StockParent()}),
             Variant(stmt, {"parent": FastParent()}),
             Variant(lower_stmt, {"obj": _plain_object()}),
@@ -453,7 +384,7 @@ def _setattr_builder(
 ) -> Callable[[torch.device], dict[str, Variant]]:
     def build(device: torch.device) -> dict[str, Variant]:
         v = value()
-        return _three(
+        return three(
             Variant(stmt, {"m": StockIdentity(), "v": v}),
             Variant(stmt, {"m": FastIdentity(), "v": v}),
             Variant(lower_stmt, {"obj": Plain(), "v": v}),
@@ -471,7 +402,7 @@ def _build_setattr_strict_off(device: torch.device) -> dict[str, Variant]:
 
 def _build_setattr_strict_on(device: torch.device) -> dict[str, Variant]:
     v = 1
-    return _three(
+    return three(
         Variant("m.count = v", {"m": StockIdentity(), "v": v}, strict),
         Variant("m.count = v", {"m": FastIdentity(), "v": v}, strict),
         Variant("obj.count = v", {"obj": Plain(), "v": v}),
@@ -498,22 +429,22 @@ def _build_mlp64(device: torch.device) -> dict[str, Variant]:
             raise RuntimeError("mlp64: stock, fast and lower bound disagree")
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     ctx = torch.inference_mode
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, ctx, sync),
         Variant("m(x)", {"m": fast, "x": x}, ctx, sync),
         Variant("f(x, p)", {"f": mlp_lower, "x": x, "p": params}, ctx, sync),
     )
 
 
-def _torch_mlp(depth: int = 64) -> nn.Module:
+def torch_mlp(depth: int = 64) -> nn.Module:
     """The design notes' MLP built from torch's own layers only."""
     return nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)])
 
 
 def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
     torch.manual_seed(0)
-    stock = _torch_mlp().to(device)
-    fast = _torch_mlp().to(device)
+    stock = torch_mlp().to(device)
+    fast = torch_mlp().to(device)
     fast.load_state_dict(stock.state_dict())
     params = [(blk[0].weight.detach(), blk[0].bias.detach()) for blk in stock]
     x = torch.randn(1, 32, device=device)
@@ -531,7 +462,7 @@ def _build_mlp64_accelerated(device: torch.device) -> dict[str, Variant]:
         with torch.inference_mode(), accelerated(fast):
             yield
 
-    variants = _three(
+    variants = three(
         Variant("m(x)", {"m": stock, "x": x}, torch.inference_mode, sync),
         Variant("m(x)", {"m": fast, "x": x}, fast_context, sync),
         Variant("f(x, p)", {"f": mlp_lower, "x": x, "p": params}, torch.inference_mode, sync),
@@ -569,7 +500,7 @@ def _accelerated_variants(
         with torch.inference_mode(), accelerated(fast):
             yield
 
-    return _three(
+    return three(
         Variant("m(x)", {"m": stock, "x": x}, torch.inference_mode),
         Variant("m(x)", {"m": fast, "x": x}, fast_context),
         Variant("f(x, p)", {"f": lower, "x": x, "p": params}, torch.inference_mode),
@@ -654,7 +585,8 @@ def _build_block_accelerated(device: torch.device) -> dict[str, Variant]:
     )
 
 
-CASES: tuple[Case, ...] = (
+#: The synthetic cases, in run order.
+SYNTHETIC_CASES: tuple[Case, ...] = (
     Case("call", "m(x), forward returns x", _build_call),
     Case("call_kwargs", "m(x, y=y)", _build_call_kwargs),
     Case(
@@ -850,46 +782,3 @@ CASES: tuple[Case, ...] = (
         _build_block_accelerated,
     ),
 )
-
-
-def _all_cases() -> tuple[Case, ...]:
-    from fastmodule.bench.hook_cases import HOOK_CASES
-    from fastmodule.bench.models import MODEL_CASES
-    from fastmodule.bench.user_cases import USER_CASES
-
-    return CASES + HOOK_CASES + MODEL_CASES + USER_CASES
-
-
-def case_names() -> list[str]:
-    """Names of all cases, in run order (real-model cases when their packages exist)."""
-    return [c.name for c in _all_cases()]
-
-
-def default_case_names() -> list[str]:
-    """Names of the cases a plain ``fastmodule bench`` runs, in run order."""
-    return [c.name for c in _all_cases() if c.default]
-
-
-def select_cases(patterns: list[str]) -> list[str]:
-    """The cases named by ``patterns`` (names, or shell-style patterns such as
-    ``root_*``), in the order given, each once; a pattern matches in run order.
-
-    Raises:
-        KeyError: a name or pattern that matches no case (the first such).
-    """
-    known = case_names()
-    chosen: dict[str, None] = {}
-    for pattern in patterns:
-        matched = [n for n in known if fnmatch.fnmatchcase(n, pattern)]
-        if not matched:
-            raise KeyError(pattern)
-        chosen.update(dict.fromkeys(matched))
-    return list(chosen)
-
-
-def get_case(name: str) -> Case:
-    """Look a case up by name; raises ``KeyError`` if unknown."""
-    for case in _all_cases():
-        if case.name == name:
-            return case
-    raise KeyError(name)
