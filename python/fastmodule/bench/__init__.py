@@ -9,12 +9,49 @@ the case type and the helpers the groups share; the groups of cases are
 prints the table and writes the JSON report.
 
 ``CASES`` is the synthetic group (:data:`~fastmodule.bench.synthetic.SYNTHETIC_CASES`).
+It and the registry's functions are loaded on first use, so that importing one group
+(``import fastmodule.bench.models``) loads neither the registry nor the other groups.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fastmodule.bench.case import KINDS, Case, Variant
-from fastmodule.bench.registry import case_names, default_case_names, get_case, select_cases
 from fastmodule.bench.runner import DEFAULT, QUICK, CaseResult, Settings, Stats, run_case
-from fastmodule.bench.synthetic import SYNTHETIC_CASES as CASES
+
+if TYPE_CHECKING:
+    from fastmodule.bench.registry import (
+        case_names,
+        default_case_names,
+        get_case,
+        select_cases,
+    )
+    from fastmodule.bench.synthetic import SYNTHETIC_CASES as CASES
+
+#: Names loaded on first use: name -> (module, name there).
+_LAZY: dict[str, tuple[str, str]] = {
+    "CASES": ("fastmodule.bench.synthetic", "SYNTHETIC_CASES"),
+    "case_names": ("fastmodule.bench.registry", "case_names"),
+    "default_case_names": ("fastmodule.bench.registry", "default_case_names"),
+    "get_case": ("fastmodule.bench.registry", "get_case"),
+    "select_cases": ("fastmodule.bench.registry", "select_cases"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CASES",
