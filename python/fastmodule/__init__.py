@@ -27,6 +27,10 @@ pkg.module:factory``) compares the model stock and accelerated, exactly, and tim
 
 ``with fastmodule.strict():`` (or ``python -m fastmodule run --strict script.py``) warns at
 each assignment of an unregistered module, parameter or tensor to a module attribute.
+
+``fastmodule.report()`` (or ``python -m fastmodule run --report script.py``) counts every
+module call of the program and tells which ran torch's path instead of the native one,
+by class and why; ``with fastmodule.reporting() as calls:`` does it for one block.
 """
 
 import importlib as _importlib
@@ -50,6 +54,7 @@ from fastmodule.verification import UnverifiedWarning
 
 __all__ = [
     "Module",
+    "CallReport",
     "PathStatus",
     "StrictRegistrationError",
     "StrictRegistrationInfo",
@@ -65,6 +70,8 @@ __all__ = [
     "install",
     "installed",
     "is_accelerated",
+    "report",
+    "reporting",
     "restore",
     "slots_of",
     "strict",
@@ -88,6 +95,9 @@ del _unverified
 _TOOLS = {
     "audit": "fastmodule.tools.audit",
     "check": "fastmodule.tools.check",
+    "report": "fastmodule.tools.report",
+    "reporting": "fastmodule.tools.report",
+    "CallReport": "fastmodule.tools.report",
     "strict": "fastmodule.tools.strict",
     "strict_enabled": "fastmodule.tools.strict",
     "StrictRegistrationError": "fastmodule.tools.strict",
@@ -98,6 +108,7 @@ _TOOLS = {
 if _TYPE_CHECKING:
     from fastmodule.tools.audit import audit
     from fastmodule.tools.check import check
+    from fastmodule.tools.report import CallReport, report, reporting
     from fastmodule.tools.strict import (
         StrictRegistrationError,
         StrictRegistrationInfo,

@@ -1,5 +1,5 @@
 """Command line: ``python -m fastmodule bench [--quick] [--only NAME ...] ...``,
-``python -m fastmodule run script.py [args ...]``,
+``python -m fastmodule run [--report] [--report-json PATH] script.py [args ...]``,
 ``python -m fastmodule doctor [--json]``,
 ``python -m fastmodule audit pkg.module:factory [--json] [--select/--ignore CODES]``,
 ``python -m fastmodule audit --explain FM001`` and
@@ -115,6 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict-error",
         action="store_true",
         help="like --strict, but raise StrictRegistrationError there",
+    )
+    run.add_argument(
+        "--report",
+        action="store_true",
+        help="at the program's exit (after an exception or sys.exit too), print to "
+        "stderr a table of the module calls that ran torch's path instead of the "
+        "native one: class, modules, calls, why and the remedy (fastmodule.report()). "
+        "Calls are counted by a global forward pre-hook, so the run is slower; the "
+        "script's stdout and exit status are its own",
+    )
+    run.add_argument(
+        "--report-json",
+        metavar="PATH",
+        help="at the program's exit, write that report as JSON (schema 1) to PATH "
+        "(without --report, no table is printed)",
     )
     run.add_argument("script", nargs="?", metavar="SCRIPT", help="path of the Python script")
     run.add_argument(
@@ -340,7 +355,8 @@ def _width() -> int | None:
 
 def run_script(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand: install, then the script as ``__main__``; without a
-    script, its usage (status 2)."""
+    script, its usage (status 2). With ``--report``/``--report-json``, the module calls
+    are counted from before the script starts and reported at the process's exit."""
     import runpy
 
     import fastmodule
@@ -353,6 +369,11 @@ def run_script(args: argparse.Namespace) -> int:
     fastmodule.install()
     if args.strict or args.strict_error:
         fastmodule.strict(error=args.strict_error)
+    if args.report or args.report_json:
+        from fastmodule.tools.report import report_at_exit
+
+        json_path = os.path.abspath(args.report_json) if args.report_json else None
+        report_at_exit(table=args.report, json_path=json_path)
     sys.argv = [args.script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")
