@@ -164,15 +164,25 @@ def test_run_without_a_script_shows_its_usage(capsys: pytest.CaptureFixture[str]
     assert cli.main(["run"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.startswith("usage: fastmodule run [-h] [--strict] [--strict-error] [SCRIPT]")
+    assert err.startswith("usage: fastmodule run [-h] [--strict] [--strict-error] [--report]")
     assert "--strict-error" in err and "the script's arguments" in err
+    assert "--report-json PATH" in err
     assert cli.main([]) == 2
     assert capsys.readouterr().err.startswith("usage: fastmodule [-h] COMMAND")
 
 
 def test_tools_are_in_dir() -> None:
     names = dir(fastmodule)
-    for name in ("check", "audit", "strict", "strict_enabled", "StrictRegistrationInfo"):
+    for name in (
+        "check",
+        "audit",
+        "strict",
+        "strict_enabled",
+        "StrictRegistrationInfo",
+        "report",
+        "reporting",
+        "CallReport",
+    ):
         assert name in names
         assert name in fastmodule.__all__
     assert names == sorted(names) and "accelerate" in names
