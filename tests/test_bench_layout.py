@@ -2,8 +2,8 @@
 registry above them, no import circle.
 
 - :mod:`fastmodule.bench.case` (``Case``, ``Variant``, shared helpers) imports no group;
-- each group (``synthetic``, ``hook_cases``, ``models``, ``user_cases``) imports the case
-  module, never the registry;
+- each group (``synthetic``, ``hook_cases``, ``models``, ``user_cases``, ``workloads``)
+  imports the case module, never the registry;
 - :mod:`fastmodule.bench.registry` imports every group.
 
 The imports run bottom up in a fresh interpreter, which reports the ``fastmodule.bench``
@@ -26,7 +26,9 @@ import fastmodule.bench
 BENCH = "fastmodule.bench"
 REGISTRY = f"{BENCH}.registry"
 CASE = f"{BENCH}.case"
-GROUPS = tuple(f"{BENCH}.{g}" for g in ("synthetic", "hook_cases", "models", "user_cases"))
+GROUPS = tuple(
+    f"{BENCH}.{g}" for g in ("synthetic", "hook_cases", "models", "user_cases", "workloads")
+)
 
 #: Imports the modules one by one, from the bottom up, and after each prints the
 #: ``fastmodule.bench`` modules then loaded: whatever a module pulls in shows up at its

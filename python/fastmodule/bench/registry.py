@@ -2,11 +2,12 @@
 ``--only`` pattern selection.
 
 The groups, in run order: :mod:`~fastmodule.bench.synthetic`,
-:mod:`~fastmodule.bench.hook_cases`, :mod:`~fastmodule.bench.models` and
+:mod:`~fastmodule.bench.hook_cases`, :mod:`~fastmodule.bench.models`,
 :mod:`~fastmodule.bench.user_cases` (whose ``root_*`` and ``step_*`` cases have
 ``default=False``: they run only when ``--only`` names them or a pattern matches
-them). This module sits above the groups and the case type
-(:mod:`~fastmodule.bench.case`); none of them imports it.
+them) and :mod:`~fastmodule.bench.workloads` (``workload_*``, in the default run).
+This module sits above the groups and the case type (:mod:`~fastmodule.bench.case`);
+none of them imports it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastmodule.bench.hook_cases import HOOK_CASES
 from fastmodule.bench.models import MODEL_CASES
 from fastmodule.bench.synthetic import SYNTHETIC_CASES
 from fastmodule.bench.user_cases import USER_CASES
+from fastmodule.bench.workloads import WORKLOAD_CASES
 
 __all__ = [
     "ALL_CASES",
@@ -28,7 +30,9 @@ __all__ = [
 ]
 
 #: Every case, in run order (real-model cases only where their packages are installed).
-ALL_CASES: tuple[Case, ...] = SYNTHETIC_CASES + HOOK_CASES + MODEL_CASES + USER_CASES
+ALL_CASES: tuple[Case, ...] = (
+    SYNTHETIC_CASES + HOOK_CASES + MODEL_CASES + USER_CASES + WORKLOAD_CASES
+)
 
 
 def case_names() -> list[str]:
