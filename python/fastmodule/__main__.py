@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only these cases; a NAME may be a pattern such as 'root_*'. The root_* "
         "(whole-tree methods on Hugging Face roots) and step_* (a training step phase by "
-        "phase, decode, generate) groups run only when named here",
+        "phase, decode, generate) groups run only when named here; 'workload_*' (whole "
+        "programs around small models: RL policies, timm at batch 1, an RK4 ODE solve, a "
+        "sentence encoder, a PINN) is in the default run and selects that group alone",
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")

@@ -3,7 +3,8 @@
 Run them with ``python -m fastmodule bench``. :mod:`~fastmodule.bench.case` defines
 the case type and the helpers the groups share; the groups of cases are
 :mod:`~fastmodule.bench.synthetic`, :mod:`~fastmodule.bench.hook_cases`,
-:mod:`~fastmodule.bench.models` and :mod:`~fastmodule.bench.user_cases`;
+:mod:`~fastmodule.bench.models`, :mod:`~fastmodule.bench.user_cases` and
+:mod:`~fastmodule.bench.workloads` (``workload_*``: whole user programs);
 :mod:`~fastmodule.bench.registry` lists them all and selects by name or pattern.
 :mod:`~fastmodule.bench.runner` times the cases and :mod:`~fastmodule.bench.report`
 prints the table and writes the JSON report.

@@ -15,7 +15,8 @@ real-model groups (:func:`direct_forward`, :func:`sync_for`, :func:`decode`,
 
 The groups of cases (:mod:`~fastmodule.bench.synthetic`,
 :mod:`~fastmodule.bench.hook_cases`, :mod:`~fastmodule.bench.models`,
-:mod:`~fastmodule.bench.user_cases`) import this module;
+:mod:`~fastmodule.bench.user_cases`, :mod:`~fastmodule.bench.workloads`) import this
+module;
 :mod:`~fastmodule.bench.registry` lists them all. This module imports no group.
 """
 

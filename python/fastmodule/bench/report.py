@@ -139,6 +139,12 @@ def format_table(results: list[CaseResult], stream: TextIO = sys.stdout) -> str:
             "plain instance attributes, clip over a pre-built list: stock/lower is the most a "
             "module runtime could win"
         )
+    if any(r.case.startswith("workload_") for r in results):
+        out.append(
+            "workload_*: the whole program timed (data prep, env step, solver, optimizer); "
+            "lower bound = its model math in functional calls on the same weights (RL, ODE, "
+            "PINN) or module calls straight to forward (timm, sentence encoder)"
+        )
     return "\n".join(out)
 
 
