@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -195,3 +196,85 @@ def test_only_pattern_runs_the_group(tmp_path: Path) -> None:
         if line.strip() and not PROGRESS_LINE.match(line)
     ]
     assert others == []
+
+
+def test_workload_group_is_selected_by_its_pattern() -> None:
+    """--only 'workload_*' selects exactly the workload group, in run order; a plain run
+    includes it (it fits the default run's time)."""
+    from fastmodule.bench.workloads import TIMM_MODELS, WORKLOAD_CASES
+
+    names = [c.name for c in WORKLOAD_CASES]
+    assert select_cases(["workload_*"]) == names
+    assert [n for n in case_names() if n.startswith("workload_")] == names
+    defaults = default_case_names()
+    assert all(n in defaults for n in names)
+    expected = {
+        "workload_sb3_predict",
+        "workload_cleanrl_agent",
+        "workload_ode_rk4_accelerate",
+        "workload_ode_rk4_install",
+        "workload_pinn_inference",
+        "workload_pinn_train_step",
+    }
+    if importlib.util.find_spec("timm") is not None:
+        expected |= {f"workload_timm_{m}" for m in TIMM_MODELS}
+    if importlib.util.find_spec("transformers") is not None:
+        expected.add("workload_sentence_encoder")
+    assert set(names) == expected
+
+
+def test_workload_cases_build_and_run_once() -> None:
+    """Every workload_* case builds at a small scale: its build runs the program stock,
+    fast and lower and raises unless the results are bitwise equal, then runs each
+    variant once. It leaves no class accelerated, install() undone and
+    nn.Module.__call__ as it was."""
+    from fastmodule.bench.case import set_scale
+
+    call = nn.Module.__dict__["__call__"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    set_scale(0.1)
+    try:
+        for name in select_cases(["workload_*"]):
+            case = get_case(name)
+            variants = case.build(torch.device("cpu"))
+            assert set(variants) == set(KINDS), name
+            assert nn.Module.__dict__["__call__"] is call, name
+            assert not fastmodule.installed(), name
+            for variant in variants.values():
+                for value in variant.namespace.values():
+                    owner = getattr(value, "__self__", None)
+                    if isinstance(owner, nn.Module):
+                        assert not any(fastmodule.is_accelerated(m) for m in owner.modules())
+    finally:
+        set_scale(1.0)
+        torch.set_num_threads(threads)
+
+
+def test_workload_check_catches_a_difference() -> None:
+    """The build-time check compares bitwise, through nested results."""
+    import numpy as np
+
+    from fastmodule.bench.workloads import _check
+
+    a = [torch.ones(3), (np.zeros(2, dtype=np.float32), 1.0)]
+    _check("same", a, copy.deepcopy(a), copy.deepcopy(a))
+    b = copy.deepcopy(a)
+    b[0][1] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    with pytest.raises(RuntimeError, match="stock and fast"):
+        _check("differs", a, b, a)
+    c = copy.deepcopy(a)
+    c[1][0][0] = 1e-30
+    with pytest.raises(RuntimeError, match="lower-bound"):
+        _check("differs", a, a, c)
+    with pytest.raises(RuntimeError, match="stock and fast"):
+        _check("dtype", [torch.ones(3)], [torch.ones(3, dtype=torch.float64)], [torch.ones(3)])
+
+
+def test_only_workload_pattern_runs_and_notes_the_lower_bound(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _bench("--quick", "--only", "workload_pinn_*", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["case"] for r in data["results"]] == select_cases(["workload_pinn_*"])
+    assert "workload_*: the whole program timed" in proc.stdout
