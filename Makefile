@@ -200,7 +200,8 @@ wheels: $(VENV)/.wheel-tools
 	  for py in $$pys; do \
 	    start=$$(date +%s); cfg=; \
 	    case $$py in *3.14*) cfg=$(abspath .ci/pyo3-py314.cfg);; esac; \
-	    PYO3_CONFIG_FILE=$$cfg PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build \
+	    env $${cfg:+PYO3_CONFIG_FILE=$$cfg} PATH="$(abspath $(VENV))/bin:$$PATH" \
+	      $(VENV)/bin/maturin build \
 	      --release --zig --compatibility $(MANYLINUX) --target $$target --out dist \
 	      --interpreter $$py; \
 	    echo "*** built $$arch wheel for $$py in $$(( $$(date +%s) - start ))s"; \
