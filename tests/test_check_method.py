@@ -21,6 +21,7 @@ from fastmodule.tools.check import check, model_methods
 from fastmodule.tools.check.report import EXIT_DIFFERENT, EXIT_OK, EXIT_UNUSABLE
 from tests import check_models
 from tests.check_models import DIFFERS_WHEN_ACCELERATED
+from tests.conftest import without_import_warning
 from tests.test_check import _same_state, _state
 
 
@@ -281,7 +282,7 @@ def test_cli_missing_method_subprocess_one_line() -> None:
         timeout=600,
     )
     assert proc.returncode == EXIT_UNUSABLE and proc.stdout == ""
-    assert proc.stderr.splitlines() == [
+    assert without_import_warning(proc.stderr).splitlines() == [
         "error: --method forward: Agent has no method 'forward': name one it has (its "
         "methods: get_action_and_value, get_value)"
     ]
