@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import fastmodule
+from fastmodule.bench.workloads import CleanRLAgent
 
 #: The reason the tests of a reported difference skip where no native path is on: these
 #: models differ only when ``fastmodule.is_accelerated``, which no module is there.
@@ -288,46 +289,13 @@ def interrupted() -> tuple[nn.Module, torch.Tensor]:
 # Models driven through a method, not forward (issue 37, item 2): check --method NAME.
 
 
-def _layer_init(layer: nn.Linear, std: float = 2**0.5, bias_const: float = 0.0) -> nn.Linear:
-    """CleanRL's ``layer_init``: orthogonal weights, constant bias."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-class Agent(nn.Module):
-    """CleanRL's PPO ``Agent`` (ppo.py), smaller: a critic and an actor, no forward; it
-    is driven through ``get_value`` and ``get_action_and_value``, which samples an
-    action from a ``Categorical`` unless one is given."""
+class Agent(CleanRLAgent):
+    """CleanRL's PPO ``Agent`` (the benchmark's workload model), smaller: a critic and an
+    actor, no forward; it is driven through ``get_value`` and ``get_action_and_value``,
+    which samples an action from a ``Categorical`` unless one is given."""
 
     def __init__(self, observations: int = 4, actions: int = 2, hidden: int = 16) -> None:
-        super().__init__()
-        self.critic = nn.Sequential(
-            _layer_init(nn.Linear(observations, hidden)),
-            nn.Tanh(),
-            _layer_init(nn.Linear(hidden, hidden)),
-            nn.Tanh(),
-            _layer_init(nn.Linear(hidden, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            _layer_init(nn.Linear(observations, hidden)),
-            nn.Tanh(),
-            _layer_init(nn.Linear(hidden, hidden)),
-            nn.Tanh(),
-            _layer_init(nn.Linear(hidden, actions), std=0.01),
-        )
-
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(x)
-
-    def get_action_and_value(
-        self, x: torch.Tensor, action: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self.actor(x)
-        probs = torch.distributions.Categorical(logits=logits)
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+        super().__init__(observations, actions, hidden)
 
 
 def agent() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:

@@ -344,21 +344,23 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 
 class CleanRLAgent(nn.Module):
     """CleanRL's ``ppo.py`` ``Agent`` for a discrete action space."""
 
-    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS) -> None:
+    def __init__(
+        self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden: int = 64
+    ) -> None:
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
+            layer_init(nn.Linear(obs_dim, hidden)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            layer_init(nn.Linear(hidden, hidden)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
         )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
+            layer_init(nn.Linear(obs_dim, hidden)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            layer_init(nn.Linear(hidden, hidden)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
+            layer_init(nn.Linear(hidden, n_actions), std=0.01),
         )
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
