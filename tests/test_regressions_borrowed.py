@@ -26,48 +26,9 @@ finalizer may run at any allocation: that is one order stock can show).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-HEADER = """
-import gc, sys
-import torch
-from torch import nn
-import fastmodule
-side = sys.argv[1]
-fast = side == "fast"
-"""
-
-
-def run_side(body: str, side: str) -> str:
-    """``body`` (using ``side``/``fast``) in a fresh interpreter under the debug
-    allocator and dev mode: its output (a crash or an exit status other than 0
-    fails)."""
-    script = HEADER + textwrap.dedent(body)
-    proc = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", script, side],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONMALLOC="debug", PYTHONHASHSEED="0"),
-    )
-    assert proc.returncode == 0, f"{side}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
-    return proc.stdout
-
-
-def assert_same(body: str) -> str:
-    stock = run_side(body, "stock")
-    fast = run_side(body, "fast")
-    assert fast == stock
-    return fast
-
+from tests.fresh_sides import assert_same, run_side
 
 # --- lookups in class dicts with a key that is not a str -------------------------
 
