@@ -322,10 +322,14 @@ pub(super) unsafe fn check_name(
     reg: *mut capi::PyObject,
     msgs: &NameMsgs,
 ) -> Outcome {
+    // `reg in self.__dict__`: the dict is held across the lookup, as torch's
+    // expression holds `self.__dict__` (a key that compares with `__eq__` may
+    // replace the instance dict, which would free it mid-lookup).
     match if dict.is_null() {
         Ok(false)
     } else {
-        contains(dict, reg)
+        let held = Owned::new_ref(dict);
+        contains(held.as_ptr(), reg)
     } {
         Ok(true) => {}
         Ok(false) => {

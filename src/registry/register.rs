@@ -255,14 +255,28 @@ pub unsafe fn add_module(
 
 /// Does `self.<method>` resolve to torch's own implementation?
 /// Only then may a fast path run its body natively instead of calling it.
+/// torch's `self.<method>(...)` reads the class's `__getattribute__` and,
+/// before the class's function, the instance dict: an instance attribute of
+/// that name is what stock calls. Runs no code (a dict that is not quiet
+/// answers "not native": the call then looks the method up as torch does).
 #[inline(always)]
 pub unsafe fn native_method(
     obj: *mut capi::PyObject,
     name: *mut capi::PyObject,
     orig: *mut capi::PyObject,
 ) -> bool {
-    type_lookup(capi::Py_TYPE(obj), name) == orig
-        && crate::torch_api::originals::globals().is_some_and(|g| g.orig.intact(orig))
+    let tp = capi::Py_TYPE(obj);
+    if type_lookup(tp, name) != orig {
+        return false;
+    }
+    let Some(g) = crate::torch_api::originals::globals() else {
+        return false;
+    };
+    if !g.orig.intact(orig) || !crate::instance::fast::plain_getattribute(g, tp) {
+        return false;
+    }
+    let d = instance_dict(obj);
+    d.is_null() || (crate::cpython::quiet::dict(d) && capi::PyDict_Contains(d, name) == 0)
 }
 
 /// `self.register_parameter(name, value)` as stock dispatches it.
