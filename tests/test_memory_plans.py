@@ -255,6 +255,38 @@ def test_plans_hold_their_root_weakly_and_go_with_it() -> None:
 
 
 @plans_on
+def test_every_root_with_a_plan_is_watched_past_the_release_threshold() -> None:
+    """Watching a new root first releases the roots no plan uses any more (there are
+    more than 32): released after the push, the new root itself went too (its plan is
+    stored once it is watched), so a plan was kept with nothing watching its root."""
+    import weakref
+
+    from torch import nn
+
+    import fastmodule
+
+    roots = []
+    try:
+        for _ in range(40):
+            m = nn.Sequential(nn.Linear(2, 2))
+            roots.append(m)
+            # accelerate() walks the tree; walk on until a walk of m was recorded
+            # (a plan stored for m), then look at once.
+            recorded = _core.plan_stats()[0]
+            fastmodule.accelerate(m)
+            for _ in range(20):
+                if _core.plan_stats()[0] > recorded:
+                    break
+                list(m.named_modules())
+            else:
+                pytest.fail("no walk of the tree was recorded")
+            assert weakref.getweakrefcount(m) == 1, f"root {len(roots)} not watched"
+    finally:
+        for m in roots:
+            fastmodule.restore(m)
+
+
+@plans_on
 def test_restore_and_accelerated_exit_drop_the_tree_plans() -> None:
     """``restore`` and the exit of ``accelerated`` (when it restores) stop watching the
     tree's roots, and the tree walks as before afterwards."""

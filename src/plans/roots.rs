@@ -122,6 +122,10 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
         // The error was taken into the `PyErr`, dropped here.
         Err(_) => return false,
     };
+    // Unused roots go first: the root pushed here has no plan yet (the caller
+    // stores it after this returns), so releasing after the push would drop
+    // it again and leave its plan unwatched.
+    release_unused();
     let list = roots();
     if list.iter().any(|r| r.addr == addr) {
         drop(weak);
@@ -132,7 +136,6 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
         weak,
         modules: std::sync::Weak::new(),
     });
-    release_unused();
     true
 }
 
