@@ -157,10 +157,11 @@ impl Default for Pairs {
 /// Appends a hook registry's `(hook_id, hook)` pairs in iteration order to
 /// `out`, as `(*registry.items(),)` takes them: a snapshot that later
 /// additions or removals do not change. An exact dict is read entry by entry
-/// and an exact `OrderedDict` in its own order (keys from its iterator,
-/// values from its table, as its `items()` pairs them), neither running code
-/// while every key is an int or a str; anything else goes through `items()`
-/// itself.
+/// (its `items()` makes no lookup); an exact `OrderedDict` whose keys are all
+/// exact ints or strs in its own order (keys from its iterator, values from
+/// its table, as its `items()` pairs them): its `items()` hashes and compares
+/// each key, which runs no code only for such keys. Anything else goes through
+/// `items()` itself, so each key's `__hash__`/`__eq__` runs as often as there.
 pub unsafe fn snapshot_items(
     d: *mut capi::PyObject,
     s: &HookSupport,
@@ -168,16 +169,17 @@ pub unsafe fn snapshot_items(
 ) -> Result<(), ()> {
     let t = capi::Py_TYPE(d);
     let exact_dict = t == std::ptr::addr_of_mut!(capi::PyDict_Type);
+    let plain_odict = t == s.odict && int_or_str_keys(d);
     // An OrderedDict of at most one entry is in its table's order (the
     // common case of one hook): read as a dict, without an iterator.
-    if exact_dict || (t == s.odict && crate::cpython::dicts::used(d) <= 1) {
+    if exact_dict || (plain_odict && crate::cpython::dicts::used(d) <= 1) {
         let (mut pos, mut k, mut v) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while capi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
             out.push((Owned::new_ref(k), Owned::new_ref(v)));
         }
         return Ok(());
     }
-    if t == s.odict {
+    if plain_odict {
         if let Some(pairs) = odict_items(d)? {
             for pair in pairs.into_pairs() {
                 out.push(pair);
@@ -202,9 +204,21 @@ pub unsafe fn snapshot_items(
     }
 }
 
-/// An exact `OrderedDict`'s pairs; None when a key is neither an exact int
-/// nor an exact str (its comparisons could run code: the caller asks
-/// `items()`).
+/// Are all of `d`'s keys (a dict or an `OrderedDict`) exact ints or exact
+/// strs? Reads its table: no code runs, no lookup is made.
+unsafe fn int_or_str_keys(d: *mut capi::PyObject) -> bool {
+    let (mut pos, mut k, mut v) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    while capi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
+        if capi::PyLong_CheckExact(k) == 0 && capi::PyUnicode_CheckExact(k) == 0 {
+            return false;
+        }
+    }
+    true
+}
+
+/// An exact `OrderedDict`'s pairs, its keys all exact ints or strs
+/// ([`int_or_str_keys`]: no lookup below runs code, so none finds the dict
+/// changed); None, as a guard, when a key is not (the caller asks `items()`).
 unsafe fn odict_items(d: *mut capi::PyObject) -> Result<Option<Pairs>, ()> {
     let it = Owned::from_owned_ptr(capi::PyObject_GetIter(d)).ok_or(())?;
     let mut out = Pairs::new();
