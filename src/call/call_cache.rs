@@ -145,14 +145,24 @@ pub unsafe fn store(
 }
 
 /// Record a native layer's reads on `entry` (null: nothing to record), if the
-/// entry still describes `dict` at its current version.
+/// entry still describes `dict` at its current version *and* `tp` (the
+/// instance's class now, under which the reads were judged) at its current
+/// version: a read that ran code (a property) may have reassigned
+/// `__class__` or had a nested call overwrite the slot with another class's
+/// entry for the same dict, and a leaf judged under one class must never be
+/// kept on another class's entry.
 #[inline(always)]
-pub unsafe fn set_leaf(entry: *mut Entry, dict: *mut capi::PyObject, leaf: Leaf) {
+pub unsafe fn set_leaf(
+    entry: *mut Entry,
+    tp: *mut capi::PyTypeObject,
+    dict: *mut capi::PyObject,
+    leaf: Leaf,
+) {
     if entry.is_null() {
         return;
     }
     let e = &mut *entry;
-    if e.key.dict == dict && e.key.version == dict_version(dict) {
+    if e.key.dict == dict && Key::now(tp, dict) == Some(e.key) {
         e.leaf = leaf;
     }
 }

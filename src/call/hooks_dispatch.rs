@@ -94,13 +94,22 @@ impl Instance {
 }
 
 /// `self.<name>`: from the instance dict when that is exactly what
-/// `object.__getattribute__` finds, else through the object's own lookup.
+/// `object.__getattribute__` finds and the class reads with it, else through
+/// the object's own lookup. The class is asked here, at each read: a hook or
+/// `forward` can have given it (or a mixin base) a `__getattribute__` during
+/// this call, and torch's `_call_impl` reads the hook dicts through it.
 unsafe fn self_attr(slf: *mut capi::PyObject, name: *mut capi::PyObject) -> R<Owned> {
-    match plain_attr(capi::Py_TYPE(slf), instance_dict(slf), name) {
-        Plain::Found(v) => Ok(Owned::new_ref(v)),
-        Plain::Error => Err(()),
-        Plain::Unusual => own(capi::PyObject_GetAttr(slf, name)),
+    let tp = capi::Py_TYPE(slf);
+    let plain = crate::torch_api::originals::globals()
+        .is_some_and(|g| crate::instance::fast::plain_getattribute(g, tp));
+    if plain {
+        match plain_attr(tp, instance_dict(slf), name) {
+            Plain::Found(v) => return Ok(Owned::new_ref(v)),
+            Plain::Error => return Err(()),
+            Plain::Unusual => {}
+        }
     }
+    own(capi::PyObject_GetAttr(slf, name))
 }
 
 #[inline(always)]
@@ -160,20 +169,15 @@ unsafe fn hooks_to_run(
     if !truthy(&global)? && !truthy(&inst.attr(index, name)?)? {
         return Ok(None);
     }
-    let own = inst.attr(index, name)?;
-    both_snapshots(s, &global, &own).map(Some)
-}
-
-/// `(*a.items(), *b.items())`.
-unsafe fn both_snapshots(
-    s: &HookSupport,
-    a: &Owned,
-    b: &Owned,
-) -> R<impl Iterator<Item = (Owned, Owned)>> {
+    // `(*_global_x.items(), *self._x.items())`: the global registry's items
+    // are taken (which may run code, for a registry that is not a plain dict
+    // or OrderedDict) before `self._x` is read.
     let mut out = Pairs::new();
-    snapshot_items(a.as_ptr(), s, &mut out)?;
-    snapshot_items(b.as_ptr(), s, &mut out)?;
-    Ok(out.into_pairs())
+    snapshot_items(global.as_ptr(), s, &mut out)?;
+    drop(global);
+    let own = inst.attr(index, name)?;
+    snapshot_items(own.as_ptr(), s, &mut out)?;
+    Ok(Some(out.into_pairs()))
 }
 
 /// Run the call. `args` is the call's positional tuple, `kwargs` a fresh

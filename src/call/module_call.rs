@@ -49,6 +49,7 @@ pub enum Why {
     UnusualHookRegistry,
     ForwardHooksOff,
     CountsFrames,
+    ForwardRunsCode,
     BodyReplaced,
     TorchReplaced,
     WarnReplaced,
@@ -95,6 +96,11 @@ impl Why {
                 "torch's _wrapped_call_impl or _call_impl has had its __code__ or defaults \
                  replaced since import, so that code runs"
             }
+            Why::ForwardRunsCode => {
+                "reading its `forward` may run code (a property or another descriptor, or \
+                 no class attribute): torch's _call_impl reads it before it looks at the \
+                 hooks, which that code may register"
+            }
             Why::CountsFrames => {
                 "its forward is torch's and counts its caller's frames (a warning's \
                  stacklevel; for the softmax family only while dim is None), so torch's \
@@ -140,6 +146,16 @@ unsafe fn resolve(
         Plain::Found(_) => return Err(Decision::Stock(Why::Compiled)),
         Plain::Error => return Err(Decision::Error),
         Plain::Unusual => return Err(Decision::Stock(Why::UnusualInstanceDict)),
+    }
+    // `self._call_impl(*args, **kwargs)`: a function is a non-data
+    // descriptor, so an instance-dict entry of that name (one module's call
+    // wrapped by a tool) is what torch calls. The dict is quiet (checked by
+    // the read above).
+    if !crate::instance::walk_facts::dict_get(tp, dict, n.call_impl).is_null() {
+        return Err(Decision::Stock(Why::CallImplOverridden));
+    }
+    if !capi::PyErr_Occurred().is_null() {
+        return Err(Decision::Error);
     }
     let mut hooks: Hooks = [std::ptr::null_mut(); 7];
     for (slot, &name) in hooks.iter_mut().zip(n.instance_hooks.iter()) {
@@ -304,7 +320,11 @@ enum Found {
     Instance(*mut capi::PyObject),
     /// The class's Python function `forward`.
     ClassFunction(*mut capi::PyObject),
-    /// Anything else: only `getattr(self, "forward")` can tell.
+    /// Anything else: only `getattr(self, "forward")` can tell, and that
+    /// read may run code (a descriptor's `__get__`, `__getattr__`). torch's
+    /// `_call_impl` makes it before it reads the hook dicts (and the tracing
+    /// state): the native call, which has read them already, hands such a
+    /// call to torch's `_wrapped_call_impl` before anything of it ran.
     Generic,
 }
 
@@ -374,7 +394,8 @@ unsafe fn remember_forward(
 
 /// `self.forward(*args, **kwargs)` with `self.forward` resolved as
 /// `object.__getattribute__` would, but without creating a bound method;
-/// None (before any code ran) for a forward that needs torch's call frames.
+/// None (before any code ran) for a forward that needs torch's call frames
+/// or whose read may run code.
 /// Out of line: the first call of an instance (the next are cached).
 #[inline(never)]
 unsafe fn call_forward(
@@ -385,29 +406,24 @@ unsafe fn call_forward(
     args: Args,
     hooks: &Hooks,
 ) -> Option<*mut capi::PyObject> {
-    let f = match find_forward(g, tp, dict) {
+    match find_forward(g, tp, dict) {
         Ok(Found::Instance(inst)) => {
             capi::Py_INCREF(inst);
             let r = args.call(inst);
             capi::Py_DECREF(inst);
-            return Some(r);
+            Some(r)
         }
         Ok(Found::ClassFunction(descr)) => {
-            return match remember_forward(slf, tp, dict, hooks, descr, false) {
+            match remember_forward(slf, tp, dict, hooks, descr, false) {
                 Ok(entry) => Some(call_function(descr, slf, args, entry)),
                 Err(Stop::HandOver) => None,
                 Err(Stop::Raised) => Some(std::ptr::null_mut()),
-            };
+            }
         }
-        Ok(Found::Generic) => capi::PyObject_GetAttr(slf, g.names.forward),
-        Err(()) => return Some(std::ptr::null_mut()),
-    };
-    if f.is_null() {
-        return Some(f);
+        // Read before the hook dicts by torch's code (see `Found::Generic`).
+        Ok(Found::Generic) => None,
+        Err(()) => Some(std::ptr::null_mut()),
     }
-    let r = args.call(f);
-    capi::Py_DECREF(f);
-    Some(r)
 }
 
 /// `forward_call` of `_call_impl`: `self.forward`, read once before any
@@ -501,12 +517,8 @@ unsafe fn call_hooked(
                 Err(Stop::HandOver) => return None,
                 Err(Stop::Raised) => return Some(std::ptr::null_mut()),
             },
-            Ok(Found::Generic) => {
-                match Owned::from_owned_ptr(capi::PyObject_GetAttr(slf, g.names.forward)) {
-                    Some(f) => ForwardCall::Object(f),
-                    None => return Some(std::ptr::null_mut()),
-                }
-            }
+            // Read before the hook dicts by torch's code (see `Found::Generic`).
+            Ok(Found::Generic) => return None,
             Err(()) => return Some(std::ptr::null_mut()),
         },
     };
@@ -607,7 +619,8 @@ pub unsafe fn handover_reason(g: &Globals, slf: *mut capi::PyObject) -> Result<O
                 let frames = crate::call::frames::of(f)?;
                 Ok(crate::call::frames::needed(frames, slf, hooked).then_some(Why::CountsFrames))
             }
-            Found::Instance(_) | Found::Generic => Ok(None),
+            Found::Instance(_) => Ok(None),
+            Found::Generic => Ok(Some(Why::ForwardRunsCode)),
         },
         Decision::Stock(why) => Ok(Some(why)),
         Decision::Error => Err(()),

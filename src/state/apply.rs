@@ -480,6 +480,13 @@ fn own_tensors_with<'py>(
     if ctx.flags_off(py)? != Some(true) {
         return delegate(py, ctx, module);
     }
+    // torch reads `self._parameters` here, after the children, through the
+    // class's `__getattribute__`: one the class (or a mixin base) gained
+    // while the children were converted (code in `fn`, a child's `_apply`
+    // override, a kernel) is torch's code's to call.
+    if !unsafe { crate::instance::fast::plain_getattribute(g, capi::Py_TYPE(module.as_ptr())) } {
+        return delegate(py, ctx, module);
+    }
     // Reading `_buffers` ahead of torch (which reads it after the parameters)
     // and skipping its lookups are the same only in a dict whose lookups run
     // no code.
@@ -587,11 +594,17 @@ fn own_tensors_with<'py>(
             continue;
         }
         // `self._buffers[key] = buf` rebinds an entry to its own value:
-        // unobservable while neither lookup can run code.
+        // unobservable while neither lookup can run code and `self._buffers`
+        // (torch reads it again for every store) is still the dict iterated.
+        // An earlier `fn(buf)` may have run code (or released the GIL) that
+        // rebound it: then the store goes to the new dict, as torch's does.
         let quiet = quiet_instance_dict(module)
-            && it
-                .dict_state()
-                .is_some_and(|(d, _, _)| unsafe { crate::cpython::quiet::dict(d) });
+            && match (it.dict_state(), registry(module, buffers_name)?) {
+                (Some((d, _, _)), Some(current)) => {
+                    current.as_ptr() == d && unsafe { crate::cpython::quiet::dict(d) }
+                }
+                _ => false,
+            };
         if known && quiet && exact(&buf, g.tensor) && ctx.unchanged(py, &buf)? {
             continue;
         }

@@ -145,7 +145,12 @@ fn save_own<'py>(
     let overridden = unsafe {
         let tp = capi::Py_TYPE(module.as_ptr());
         let name = intern!(py, "get_extra_state");
-        crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class) != g.orig.object_class
+        // torch reads `self.__class__` through the class's `__getattribute__`,
+        // which the class can have gained in this body's own `detach` (code
+        // in a kernel): asked here, where torch reads it.
+        !crate::instance::fast::plain_getattribute(g, tp)
+            || crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class)
+                != g.orig.object_class
             || Some(crate::cpython::type_cache::type_lookup(tp, name.as_ptr()))
                 != original(Method::GetExtraState)
     };

@@ -73,6 +73,9 @@ REMEDIES: dict[str, str] = {
     "torch's _call_impl",
     "its class overrides __getattribute__": "torch's path by design: the class replaces "
     "__getattribute__",
+    "reading its `forward` may run code (a property or another descriptor, or no class "
+    "attribute): torch's _call_impl reads it before it looks at the hooks, which that code "
+    "may register": "define forward as a plain method of the class for the native path",
     NATIVE_OFF: "python -m fastmodule doctor says why",
     "the native module call is off for this torch (fastmodule doctor says why)": (
         "python -m fastmodule doctor says why"

@@ -21,6 +21,14 @@ pub(super) unsafe fn sequential(
             if crate::cpython::type_cache::type_lookup(tp, l.names.iter) != l.sequential_iter {
                 return None;
             }
+            // Not validated just now (a call with hooks: they may have given
+            // the class a `__getattribute__`, through which torch's `__iter__`
+            // reads `self._modules`): asked here, else torch's forward runs.
+            let plain = crate::torch_api::originals::globals()
+                .is_some_and(|g| crate::instance::fast::plain_getattribute(g, tp));
+            if !plain {
+                return None;
+            }
             let dict = instance_dict(slf);
             let d = match plain_attr(tp, dict, l.names.modules) {
                 Plain::Found(d) if capi::PyDict_CheckExact(d) != 0 => d,
@@ -35,7 +43,7 @@ pub(super) unsafe fn sequential(
                     a: d,
                     b: std::ptr::null_mut(),
                 };
-                set_leaf(entry, dict, leaf);
+                set_leaf(entry, tp, dict, leaf);
             }
             d
         }

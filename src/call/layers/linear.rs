@@ -54,7 +54,7 @@ unsafe fn remember_linear(
         a: w,
         b,
     };
-    set_leaf(entry, dict, leaf);
+    set_leaf(entry, tp, dict, leaf);
 }
 
 /// `F.linear(input, self.weight, self.bias)`.

@@ -288,7 +288,7 @@ pub(super) unsafe fn remember_plain(
         a: value,
         b: std::ptr::null_mut(),
     };
-    set_leaf(entry, dict, leaf);
+    set_leaf(entry, tp, dict, leaf);
 }
 
 /// Is `slf.<name>` None, or not readable without running code (torch's code
