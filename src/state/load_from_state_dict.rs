@@ -144,27 +144,40 @@ pub(super) fn native_load_from_state_dict<'py>(
     // Where the prefix, the extra-state key and every child and local_state name
     // are ASCII strs, an ASCII key's head is looked up by its bytes, without
     // building it as a str (the same membership: str equality is byte equality).
-    let ascii_names = |d: &Bound<'py, PyAny>| -> Option<NameSet<'py>> {
-        let mut set = NameSet::default();
-        let mut pos: capi::Py_ssize_t = 0;
-        let mut k: *mut capi::PyObject = std::ptr::null_mut();
-        let mut v: *mut capi::PyObject = std::ptr::null_mut();
-        // SAFETY: exact dicts, iterated without running code; the names
-        // outlive the scan (the dicts hold them and are not changed by it).
-        unsafe {
-            while capi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
-                set.insert(ascii_bytes(k)?);
+    // The iteration first: creating the iterator allocates a GC-tracked
+    // object, and a collection there runs finalizers (which may delete a
+    // child, freeing its name); nothing below allocates one until the scan
+    // ends.
+    let keys = local.try_iter()?;
+    // The names whose bytes the sets below point into, held for as long as
+    // the sets are used (a finalizer may still remove them from the dicts).
+    let mut held: Vec<Bound<'py, PyAny>> = Vec::new();
+    let ascii_names =
+        |d: &Bound<'py, PyAny>, held: &mut Vec<Bound<'py, PyAny>>| -> Option<NameSet<'py>> {
+            let mut set = NameSet::default();
+            let mut pos: capi::Py_ssize_t = 0;
+            let mut k: *mut capi::PyObject = std::ptr::null_mut();
+            let mut v: *mut capi::PyObject = std::ptr::null_mut();
+            // SAFETY: exact dicts, iterated without running code; each name is
+            // held (`held`) before its bytes are kept.
+            unsafe {
+                while capi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) != 0 {
+                    let bytes = ascii_bytes(k)?;
+                    held.push(Bound::from_borrowed_ptr(py, k));
+                    set.insert(bytes);
+                }
             }
-        }
-        Some(set)
-    };
+            Some(set)
+        };
     let by_bytes = unsafe {
         match (
             ascii_bytes(prefix.as_ptr()),
             ascii_bytes(extra_state_key.as_ptr()),
         ) {
             (Some(p), Some(x)) => {
-                match (ascii_names(&modules), ascii_names(local_state.as_any())) {
+                let m = ascii_names(&modules, &mut held);
+                let l = ascii_names(local_state.as_any(), &mut held);
+                match (m, l) {
                     (Some(m), Some(l)) => Some((p, x, m, l)),
                     _ => None,
                 }
@@ -172,7 +185,7 @@ pub(super) fn native_load_from_state_dict<'py>(
             _ => None,
         }
     };
-    for key in local.try_iter()? {
+    for key in keys {
         let key = key?;
         if !exact_str(&key) {
             return Ok(false);
@@ -223,6 +236,7 @@ pub(super) fn native_load_from_state_dict<'py>(
     for key in missing {
         ctx.missing.call_method1(append, (key,))?;
     }
+    drop(held);
     if local.contains(&extra_state_key)? {
         ctx.unexpected.call_method1(append, (extra_state_key,))?;
     }
