@@ -17,6 +17,26 @@ pub(super) fn exact_dict(o: &Bound<'_, PyAny>) -> bool {
     unsafe { capi::PyDict_CheckExact(o.as_ptr()) != 0 }
 }
 
+/// Does `module`'s class still read `self.__class__.set_extra_state` as
+/// torch's own method, through `object.__getattribute__` (no code runs)?
+fn tail_plain(ctx: &Ctx<'_>, module: &Bound<'_, PyAny>) -> bool {
+    let g = ctx.g;
+    let py = module.py();
+    unsafe {
+        let tp = capi::Py_TYPE(module.as_ptr());
+        crate::instance::fast::plain_getattribute(g, tp)
+            && crate::cpython::type_cache::type_lookup(tp, g.names.dunder_class)
+                == g.orig.object_class
+            && crate::cpython::type_cache::type_lookup(tp, intern!(py, "set_extra_state").as_ptr())
+                == ctx.cfg.set_extra_state.as_ptr()
+    }
+}
+
+/// Is `d` (an exact dict) one whose lookups by an exact str run no code?
+unsafe fn quiet_dict(d: &Bound<'_, PyAny>) -> bool {
+    crate::cpython::quiet::dict(d.as_ptr())
+}
+
 /// May torch's `_load_from_state_dict` of `module` be run natively?
 pub(super) fn native_allowed<'py>(
     py: Python<'py>,
@@ -133,6 +153,30 @@ pub(super) fn native_load_from_state_dict<'py>(
             Err(e) => return Err(e),
         }
     }
+    // From here on this is torch's code path: copy under no_grad.
+    copy_all(py, ctx.cfg, &ctx.errors, &copies)?;
+    let append = intern!(py, "append");
+    for key in missing {
+        ctx.missing.call_method1(append, (key,))?;
+    }
+    // torch's end reads `self.__class__.set_extra_state` and `self._modules`
+    // after the copies, which released the GIL: read now. Anything but
+    // torch's method and a quiet registry dict is torch's end to run.
+    let modules = match instance_attr(module, intern!(py, "_modules"))? {
+        Some(m) if tail_plain(ctx, module) && exact_dict(&m) && unsafe { quiet_dict(&m) } => m,
+        _ => {
+            let tail = ctx.cfg.load_tail.bind(py);
+            tail.call1((
+                module,
+                local,
+                prefix,
+                &local_state,
+                &ctx.missing,
+                &ctx.unexpected,
+            ))?;
+            return Ok(true);
+        }
+    };
     // Unexpected keys: those under `prefix` that name neither a child nor an
     // entry of local_state (torch's strict scan).
     // Made for the lookup and dropped (not remembered: one per module, kept
@@ -188,7 +232,18 @@ pub(super) fn native_load_from_state_dict<'py>(
     for key in keys {
         let key = key?;
         if !exact_str(&key) {
-            return Ok(false);
+            // Not reached (the keys were all exact strs when checked, and
+            // the dict is torch's private copy): torch's end, from the start.
+            let tail = ctx.cfg.load_tail.bind(py);
+            tail.call1((
+                module,
+                local,
+                prefix,
+                &local_state,
+                &ctx.missing,
+                &ctx.unexpected,
+            ))?;
+            return Ok(true);
         }
         unsafe {
             let k = key.as_ptr();
@@ -229,12 +284,6 @@ pub(super) fn native_load_from_state_dict<'py>(
                 unexpected.push(key.clone());
             }
         }
-    }
-    // From here on this is torch's code path: copy under no_grad.
-    copy_all(py, ctx.cfg, &ctx.errors, &copies)?;
-    let append = intern!(py, "append");
-    for key in missing {
-        ctx.missing.call_method1(append, (key,))?;
     }
     drop(held);
     if local.contains(&extra_state_key)? {

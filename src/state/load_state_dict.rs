@@ -47,6 +47,12 @@ pub(super) struct Config {
     pub(super) incompatible_keys: Py<PyAny>,
     /// `copy_error(key, param, input, exc) -> str`: torch's message.
     pub(super) copy_error: Py<PyAny>,
+    /// `copy_one(key, param, input, error_msgs)`: torch's step for one pair
+    /// (no swap, no assign), for a pair no longer plain when it is copied.
+    pub(super) copy_one: Py<PyAny>,
+    /// `load_tail(module, state_dict, prefix, local_state, missing,
+    /// unexpected)`: torch's extra-state step and strict unexpected-key scan.
+    pub(super) load_tail: Py<PyAny>,
     /// `load_call(module, state_dict, prefix, local_metadata, strict,
     /// missing, unexpected, errors)`: `module._load_from_state_dict(...)`
     /// called from a frame with torch's file, globals and line.
@@ -67,6 +73,8 @@ pub fn init(config: &Bound<'_, PyDict>) -> PyResult<()> {
         set_extra_state: get("set_extra_state")?,
         incompatible_keys: get("incompatible_keys")?,
         copy_error: get("copy_error")?,
+        copy_one: get("copy_one")?,
+        load_tail: get("load_tail")?,
         load_call: get("load_call")?,
     };
     let _ = CONFIG.set(c);
@@ -282,8 +290,13 @@ fn replay_module<'py>(
     // The first visit was checked just before (nothing ran since); a later
     // one is checked where torch's walk reaches it: copies before released
     // the GIL.
+    // torch's `_load_from_state_dict` also reads the swap flag when it
+    // starts: set since (or its getter replaced), the module loads live.
     // SAFETY: GIL held; `module` is ours.
-    if this > 0 && !unsafe { r.still(this) } {
+    if this > 0
+        && (!unsafe { r.still(this) }
+            || crate::torch_api::runtime::get()?.swap.peek(py)? != Some(false))
+    {
         grad.leave()?;
         return load(py, ctx, module, &r.local(prefix)?, prefix);
     }
@@ -292,6 +305,26 @@ fn replay_module<'py>(
     if !pairs.is_empty() {
         grad.enter(py)?;
         copy_pairs(py, ctx.cfg, &ctx.errors, pairs)?;
+    }
+    // torch's end of `_load_from_state_dict` reads `set_extra_state` of the
+    // class and `self._modules` after the copies (which released the GIL).
+    // The check found torch's method and no key left unexpected; a class,
+    // instance dict or `_modules` changed since gets torch's end.
+    // SAFETY: GIL held; `module` is ours.
+    if !unsafe { r.children_unchanged(this) } {
+        grad.leave()?;
+        let names = pyo3::types::PySet::empty(py)?;
+        for (key, _, _) in pairs {
+            names.add(key.call_method1(intern!(py, "removeprefix"), (prefix,))?)?;
+        }
+        ctx.cfg.load_tail.bind(py).call1((
+            module,
+            r.local(prefix)?,
+            prefix,
+            names,
+            &ctx.missing,
+            &ctx.unexpected,
+        ))?;
     }
     // `module._modules.items()`, read now, as torch's (the recorded registry
     // where the class and instance dict are unchanged: the same read).
@@ -397,7 +430,16 @@ fn copy_pairs<'py>(
     copies: &[CopyPair<'py>],
 ) -> PyResult<()> {
     let copy = intern!(py, "copy_");
+    let g = crate::torch_api::originals::require(py)?;
     for (key, param, input) in copies {
+        // torch checks each pair (type, shape, meta) just before its copy;
+        // an earlier copy released the GIL, and another thread may have
+        // changed either tensor since the pairs were checked: a pair no
+        // longer plain takes torch's step (its messages, 0-dim case, warning).
+        if !plain_copy(g, param, input)? {
+            cfg.copy_one.bind(py).call1((key, param, input, errors))?;
+            continue;
+        }
         if let Err(e) = param.call_method1(copy, (input,)) {
             if !e.is_instance_of::<PyException>(py) {
                 return Err(e);

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dis
 import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,6 +58,78 @@ def copy_error(key: str, param: torch.Tensor, input_param: torch.Tensor, ex: Exc
         f"whose dimensions in the checkpoint are {input_param.size()}, "
         f"an exception occurred : {ex.args}."
     )
+
+
+def copy_one(key: str, param: Any, input_param: Any, error_msgs: list[str]) -> None:
+    """torch's step of ``_load_from_state_dict`` for one pair (no swap, no assign:
+    the native load's case). The native copies hand a pair here when it is no
+    longer the plain case it was when checked: an earlier ``copy_`` released the
+    GIL, and another thread changed a shape, a device or a type since."""
+    if not torch.overrides.is_tensor_like(input_param):
+        error_msgs.append(
+            f'While copying the parameter named "{key}", '
+            "expected torch.Tensor or Tensor-like object from checkpoint but "
+            f"received {type(input_param)}"
+        )
+        return
+    is_param_lazy = torch.nn.parameter.is_lazy(param)
+    if (
+        not is_param_lazy
+        and len(param.shape) == 0
+        and len(input_param.shape) == 1
+        and input_param.shape[0] == 1
+    ):
+        input_param = input_param[0]
+    if not is_param_lazy and input_param.shape != param.shape:
+        error_msgs.append(
+            f"size mismatch for {key}: copying a param with shape {input_param.shape} from "
+            f"checkpoint, the shape in current model is {param.shape}."
+        )
+        return
+    if param.is_meta and not input_param.is_meta:
+        warnings.warn(
+            f"for {key}: copying from a non-meta parameter in the checkpoint to a meta "
+            "parameter in the current model, which is a no-op. (Did you mean to "
+            "pass `assign=True` to assign items in the state dictionary to their "
+            "corresponding key in the module instead of copying them in place?)",
+            stacklevel=2,
+        )
+    try:
+        with torch.no_grad():
+            param.copy_(input_param)
+    except Exception as ex:
+        error_msgs.append(copy_error(key, param, input_param, ex))
+
+
+def load_tail(
+    module: torch.nn.Module,
+    state_dict: Mapping[str, Any],
+    prefix: str,
+    local_state: Mapping[str, Any],
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+) -> None:
+    """torch's end of ``_load_from_state_dict`` (strict, as its ``load`` calls it),
+    after the copies: the extra state and the unexpected-key scan, reading
+    ``self.__class__.set_extra_state`` and ``self._modules`` then. The native load
+    hands them here when either changed during its copies (which released the GIL)."""
+    extra_state_key = prefix + "_extra_state"
+    base = torch.nn.Module.set_extra_state
+    if getattr(module.__class__, "set_extra_state", base) is not base:
+        if extra_state_key in state_dict:
+            module.set_extra_state(state_dict[extra_state_key])
+        else:
+            missing_keys.append(extra_state_key)
+    elif extra_state_key in state_dict:
+        unexpected_keys.append(extra_state_key)
+    for key in state_dict:
+        if key.startswith(prefix) and key != extra_state_key:
+            input_name = key[len(prefix) :].split(".", 1)
+            if len(input_name) > 1:
+                if input_name[0] not in module._modules:
+                    unexpected_keys.append(key)
+            elif input_name[0] not in local_state:
+                unexpected_keys.append(key)
 
 
 def _torch_load_call() -> Callable[..., None]:
@@ -99,6 +172,8 @@ def install() -> None:
             "set_extra_state": torch.nn.Module.__dict__["set_extra_state"],
             "incompatible_keys": _IncompatibleKeys,
             "copy_error": copy_error,
+            "copy_one": copy_one,
+            "load_tail": load_tail,
             "load_call": _torch_load_call(),
         }
     )
