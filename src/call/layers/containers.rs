@@ -66,43 +66,57 @@ unsafe fn sequential_loop(
     input: *mut capi::PyObject,
 ) -> *mut capi::PyObject {
     // `iter(self._modules.values())` with the dict iterator's checks (those
-    // of `Items::next`), on borrowed pointers: each module is held only for
-    // its own call, as the iterator hands it over.
+    // of `Items::next`), on borrowed pointers: each module is held as the
+    // loop variable holds it, from the iterator's handing it over until the
+    // next one is handed over (or the loop ends), and each input as `input`
+    // holds it, up to `input = module(input)`: they are released in torch's
+    // order (their finalizers and weakref callbacks run in it).
     let used = crate::cpython::dicts::used(modules);
     let mut pos: capi::Py_ssize_t = 0;
     let mut left = used;
     capi::Py_INCREF(input);
     let mut x = input;
+    // The loop variable `module` (null before the first).
+    let mut module: *mut capi::PyObject = std::ptr::null_mut();
+    // Leaving the frame: `input`, then `module`.
+    let leave = |x: *mut capi::PyObject, module: *mut capi::PyObject| {
+        capi::Py_XDECREF(x);
+        capi::Py_XDECREF(module);
+    };
     loop {
         if crate::cpython::dicts::used(modules) != used {
-            capi::Py_DECREF(x);
             capi::PyErr_SetString(
                 capi::PyExc_RuntimeError,
                 c"dictionary changed size during iteration".as_ptr(),
             );
+            leave(x, module);
             return std::ptr::null_mut();
         }
         let mut k: *mut capi::PyObject = std::ptr::null_mut();
         let mut v: *mut capi::PyObject = std::ptr::null_mut();
         if used == 0 || capi::PyDict_Next(modules, &mut pos, &mut k, &mut v) == 0 {
+            capi::Py_XDECREF(module);
             return x;
         }
         if left == 0 {
-            capi::Py_DECREF(x);
             capi::PyErr_SetString(
                 capi::PyExc_RuntimeError,
                 c"dictionary keys changed during iteration".as_ptr(),
             );
+            leave(x, module);
             return std::ptr::null_mut();
         }
         left -= 1;
+        // `for module in ...`: the new one bound, the previous released.
         capi::Py_INCREF(v);
-        let r = crate::call::module_call::call_one(v, x);
-        capi::Py_DECREF(v);
-        capi::Py_DECREF(x);
+        let previous = std::mem::replace(&mut module, v);
+        capi::Py_XDECREF(previous);
+        let r = crate::call::module_call::call_one(module, x);
         if r.is_null() {
+            leave(x, module);
             return r;
         }
-        x = r;
+        // `input = ...`: the previous input released.
+        capi::Py_DECREF(std::mem::replace(&mut x, r));
     }
 }
