@@ -32,11 +32,6 @@ fn tail_plain(ctx: &Ctx<'_>, module: &Bound<'_, PyAny>) -> bool {
     }
 }
 
-/// Is `d` (an exact dict) one whose lookups by an exact str run no code?
-unsafe fn quiet_dict(d: &Bound<'_, PyAny>) -> bool {
-    crate::cpython::quiet::dict(d.as_ptr())
-}
-
 /// May torch's `_load_from_state_dict` of `module` be run natively?
 pub(super) fn native_allowed<'py>(
     py: Python<'py>,
@@ -162,20 +157,27 @@ pub(super) fn native_load_from_state_dict<'py>(
     // torch's end reads `self.__class__.set_extra_state` and `self._modules`
     // after the copies, which released the GIL: read now. Anything but
     // torch's method and a quiet registry dict is torch's end to run.
+    let torch_end = || -> PyResult<bool> {
+        let tail = ctx.cfg.load_tail.bind(py);
+        tail.call1((
+            module,
+            local,
+            prefix,
+            &local_state,
+            &ctx.missing,
+            &ctx.unexpected,
+        ))?;
+        Ok(true)
+    };
     let modules = match instance_attr(module, intern!(py, "_modules"))? {
-        Some(m) if tail_plain(ctx, module) && exact_dict(&m) && unsafe { quiet_dict(&m) } => m,
-        _ => {
-            let tail = ctx.cfg.load_tail.bind(py);
-            tail.call1((
-                module,
-                local,
-                prefix,
-                &local_state,
-                &ctx.missing,
-                &ctx.unexpected,
-            ))?;
-            return Ok(true);
+        Some(m)
+            if tail_plain(ctx, module)
+                && exact_dict(&m)
+                && unsafe { crate::cpython::quiet::dict(m.as_ptr()) } =>
+        {
+            m
         }
+        _ => return torch_end(),
     };
     // Unexpected keys: those under `prefix` that name neither a child nor an
     // entry of local_state (torch's strict scan).
@@ -234,16 +236,7 @@ pub(super) fn native_load_from_state_dict<'py>(
         if !exact_str(&key) {
             // Not reached (the keys were all exact strs when checked, and
             // the dict is torch's private copy): torch's end, from the start.
-            let tail = ctx.cfg.load_tail.bind(py);
-            tail.call1((
-                module,
-                local,
-                prefix,
-                &local_state,
-                &ctx.missing,
-                &ctx.unexpected,
-            ))?;
-            return Ok(true);
+            return torch_end();
         }
         unsafe {
             let k = key.as_ptr();
