@@ -18,7 +18,8 @@ must exit 0 and print the same.
   class change made in the middle of a native path (a ``__getattribute__`` gained in
   a kernel, a hook or ``fn``; an instance ``_call_impl``; a ``__class__`` swapped by
   a property), reads made in another order than torch's, a name freed during the
-  load's key scan, a buffer registry rebound during ``_apply``.
+  load's key scan, a buffer registry rebound during ``_apply``, the first use of a
+  path that pauses the GC handing the GIL to another thread (pyo3's ``intern!``).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ pub fn restore_class(py: Python<'_>, cls: &Bound<'_, PyType>) -> PyResult<bool> 
     let mut stack = vec![cls.clone()];
     while let Some(c) = stack.pop() {
         for sub in c
-            .call_method0(pyo3::intern!(py, "__subclasses__"))?
+            .call_method0(crate::cpython::interned::intern!(py, "__subclasses__"))?
             .try_iter()?
         {
             let sub = sub?.cast_into::<PyType>()?;

@@ -5,7 +5,9 @@
 //! sees `gc.isenabled()` False, has its own `gc.disable()` undone at the
 //! pause's end, and a process it forks then keeps the GC off for life. So a
 //! pause may only cover code that neither runs Python code nor releases the
-//! GIL (reads of quiet dicts, allocations, torch's C getters): no other
+//! GIL (reads of quiet dicts, allocations, torch's C getters; not pyo3's
+//! lazily filled cells, `intern!` and `PyOnceLock`, which release it on
+//! first use: the crate's `intern!` is [`crate::cpython::interned`]'s): no other
 //! thread runs during it, and none can tell it happened. Around anything that
 //! may release the GIL (`detach`, `copy_`, a conversion, any call into
 //! torch's kernels) hold strong references instead and check afterwards.

@@ -11,7 +11,8 @@
 //!   (type-object slots, MRO, base), [`dicts`] (entry counts,
 //!   `OrderedDict`'s state), [`strs`] (compact ASCII bytes), [`vectorcall`]
 //!   (a function's entry point), [`recursion`] (recursion limits of native
-//!   recursion), [`gc`] (pausing the cyclic GC).
+//!   recursion), [`gc`] (pausing the cyclic GC), [`interned`] (interned
+//!   str constants whose first use releases no GIL, unlike pyo3's).
 //! - [`Owned`]: a strong reference that is released when it goes out of
 //!   scope. Native code that keeps an object across anything that can run
 //!   Python code (a dict lookup whose keys compare with `__eq__`, a delete or
@@ -38,6 +39,7 @@ pub mod dicts;
 pub mod exceptions;
 pub mod function_body;
 pub mod gc;
+pub mod interned;
 pub mod load_global;
 pub mod owned;
 pub mod private_api;

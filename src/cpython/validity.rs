@@ -367,12 +367,12 @@ mod dicts {
         let probe = py
             .eval(c"type('_fastmodule_probe', (), {})()", None, None)
             .map_err(|e| format!("probe object: {e}"))?;
-        let x = pyo3::intern!(py, "x");
+        let x = crate::cpython::interned::intern!(py, "x");
         let stored = |v: i64| -> Result<(), String> {
             probe.setattr(x, v).map_err(|e| format!("probe store: {e}"))
         };
         stored(1)?;
-        let dunder_dict = pyo3::intern!(py, "__dict__");
+        let dunder_dict = crate::cpython::interned::intern!(py, "__dict__");
         let dict = probe
             .getattr(dunder_dict)
             .map_err(|e| format!("probe __dict__: {e}"))?;
@@ -415,7 +415,9 @@ mod dicts {
             return Err("no free dict-watcher slot".to_owned());
         }
         t.watcher = id;
-        t.dunder_dict = pyo3::intern!(py, "__dict__").clone().into_ptr();
+        t.dunder_dict = crate::cpython::interned::intern!(py, "__dict__")
+            .clone()
+            .into_ptr();
         if let Err(why) = self_test(py) {
             let t = unsafe { &mut *TABLE.0.get() };
             t.watcher = -3;

@@ -6,10 +6,10 @@
 //! Python exactly where torch's code would call it.
 use super::attributes::instance_dict;
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::type_cache::type_lookup;
 use crate::torch_api::originals::{require, Globals};
 use pyo3::call::PyCallArgs;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use std::sync::OnceLock;

@@ -12,10 +12,10 @@
 //! membership is exactly what a Python set would answer; the first object that
 //! could hash otherwise converts it to a real Python set.
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::{instance_dict, plain_attr, Plain};
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PySet, PyString};
 use pyo3::PyTraverseError;

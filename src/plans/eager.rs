@@ -213,7 +213,7 @@ pub fn record(g: &Globals, walk: Walk, root: &Bound<'_, PyAny>, mode: Option<&Bo
         max_depth: 0,
         mode: mode.map_or(std::ptr::null_mut(), |m| m.as_ptr()),
     };
-    let training = pyo3::intern!(py, "training").as_ptr();
+    let training = crate::cpython::interned::intern!(py, "training").as_ptr();
     // Nothing the recording allocates may run a finalizer meanwhile.
     let gc = crate::cpython::gc::GcPause::new();
     let ok = unsafe { visit(g, training, root, 0, &mut rec) };

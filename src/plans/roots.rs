@@ -112,10 +112,15 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
         return true;
     }
     let py = root.py();
+    // The callback is made (once) before the pause: nothing that may let
+    // another thread run belongs inside one.
+    let Ok(callback) = callback(py) else {
+        return false;
+    };
     // Made with nothing borrowed, and with the cyclic GC paused: no finalizer
     // runs (which could change the tree whose plan the caller checks next).
     let gc = crate::cpython::gc::GcPause::new();
-    let weak = callback(py).and_then(|c| PyWeakrefReference::new_with(root, c.bind(py)));
+    let weak = PyWeakrefReference::new_with(root, callback.bind(py));
     drop(gc);
     let weak = match weak {
         Ok(w) => w.unbind(),

@@ -3,12 +3,12 @@
 //! `nn.Module`'s entry is torch's original and bound the arguments; here
 //! torch's method body runs for `module`, natively (iterators, `train`,
 //! `zero_grad`, `_apply`, dotted paths, `state_dict`, ...).
+use crate::cpython::interned::intern;
 use crate::instance::dispatch::{call_method, is_native, torch_method, Method, METHODS};
 use crate::torch_api::originals::require;
 use crate::walk::apply_fn::apply_body;
 use crate::walk::children::{body, children_body, for_each_parameter, named_registry, values_of};
 use crate::walk::train::train_root;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 

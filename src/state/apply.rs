@@ -33,6 +33,7 @@
 //! then not called and the assignment of `t` to itself is skipped: neither is
 //! observable.
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::load_global::load_global;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
@@ -42,7 +43,6 @@ use crate::instance::registries::Items;
 use crate::torch_api::originals::Globals;
 use crate::walk::children::for_each_child;
 use pyo3::exceptions::{PyAssertionError, PyRuntimeError};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;

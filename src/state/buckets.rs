@@ -3,9 +3,9 @@
 //! whole dict per child; None wherever torch's own scan must decide.
 use super::load_from_state_dict::exact_dict;
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::strs::ascii_bytes;
 use crate::instance::attributes::exact_str;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

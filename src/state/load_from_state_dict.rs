@@ -5,11 +5,11 @@
 use super::buckets::NameSet;
 use super::load_state_dict::{copy_all, is_dict_or_odict, plain_copy, CopyPair, Ctx};
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::strs::ascii_bytes;
 use crate::instance::attributes::{exact_str, instance_attr, instance_dict};
 use crate::instance::qualified_names::{self, Kind};
 use crate::torch_api::hooks::hook_dict_len;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySet};
 

@@ -27,6 +27,7 @@
 use super::buckets::build_buckets;
 use super::load_from_state_dict::{exact_dict, native_load_from_state_dict};
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::instance::attributes::{data_attr, exact_str, instance_dict, truthy};
 use crate::instance::qualified_names::{self, Kind};
@@ -35,7 +36,6 @@ use crate::state::load_state_dict_plan::Replay;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::{PyAssertionError, PyException, PyRuntimeError};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use std::sync::OnceLock;

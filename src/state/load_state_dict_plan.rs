@@ -290,10 +290,10 @@ impl<'py> Replay<'py> {
         let py = prefix.py();
         let out = pyo3::types::PyDict::new(py);
         let whole = prefix.len()? == 0;
-        let startswith = pyo3::intern!(py, "startswith");
+        let startswith = crate::cpython::interned::intern!(py, "startswith");
         for kv in self
             .snapshot
-            .call_method0(pyo3::intern!(py, "items"))?
+            .call_method0(crate::cpython::interned::intern!(py, "items"))?
             .try_iter()?
         {
             let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = kv?.extract()?;
@@ -379,8 +379,8 @@ pub(crate) struct AssignNames {
 impl AssignNames {
     pub(crate) fn new(py: Python<'_>) -> AssignNames {
         AssignNames {
-            get: pyo3::intern!(py, "get").as_ptr(),
-            assign: pyo3::intern!(py, "assign_to_params_buffers").as_ptr(),
+            get: crate::cpython::interned::intern!(py, "get").as_ptr(),
+            assign: crate::cpython::interned::intern!(py, "assign_to_params_buffers").as_ptr(),
         }
     }
 }
@@ -646,9 +646,9 @@ unsafe fn visit(
     let py = module.py();
     let m = module.as_ptr();
     let tp = capi::Py_TYPE(m);
-    let lfsd = pyo3::intern!(py, "_load_from_state_dict").as_ptr();
-    let ses = pyo3::intern!(py, "set_extra_state").as_ptr();
-    let extra = pyo3::intern!(py, "_extra_state").as_ptr();
+    let lfsd = crate::cpython::interned::intern!(py, "_load_from_state_dict").as_ptr();
+    let ses = crate::cpython::interned::intern!(py, "set_extra_state").as_ptr();
+    let extra = crate::cpython::interned::intern!(py, "_extra_state").as_ptr();
     if type_lookup(tp, lfsd) != orig.load_from_state_dict
         || type_lookup(tp, ses) != orig.set_extra_state
         || type_lookup(tp, g.names.dunder_class) != g.orig.object_class
@@ -663,8 +663,8 @@ unsafe fn visit(
         return false;
     }
     let hook_names = [
-        pyo3::intern!(py, "_load_state_dict_pre_hooks").as_ptr(),
-        pyo3::intern!(py, "_load_state_dict_post_hooks").as_ptr(),
+        crate::cpython::interned::intern!(py, "_load_state_dict_pre_hooks").as_ptr(),
+        crate::cpython::interned::intern!(py, "_load_state_dict_post_hooks").as_ptr(),
     ];
     let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
         return false;

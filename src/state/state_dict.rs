@@ -4,6 +4,7 @@
 //! (`state_dict_plan`).
 use super::load_state_dict::but_last;
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::instance::dispatch::{is_native, original, Method};
 use crate::instance::qualified_names::{self, Kind};
@@ -11,7 +12,6 @@ use crate::instance::registries::Items;
 use crate::torch_api::hooks::hook_dict_len;
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

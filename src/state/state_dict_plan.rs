@@ -141,7 +141,7 @@ pub fn replay<'py>(
 ) -> Option<PyResult<Bound<'py, PyAny>>> {
     let r = root.as_ptr();
     let (i, plan) = TABLE.find(|p| p.root == r && same_str(prefix, &p.prefix))?;
-    let detach = pyo3::intern!(py, "detach");
+    let detach = crate::cpython::interned::intern!(py, "detach");
     if !keep {
         match crate::torch_api::runtime::get().and_then(|rt| rt.modes_active(py)) {
             Ok(false) => {}
@@ -236,9 +236,12 @@ unsafe fn build<'py>(
     let odict = Bound::from_borrowed_ptr(py, g.odict as *mut capi::PyObject);
     let destination = odict.call0()?;
     let metadata = odict.call0()?;
-    destination.setattr(pyo3::intern!(py, "_metadata"), &metadata)?;
-    let version_name = pyo3::intern!(py, "version");
-    let detach = pyo3::intern!(py, "detach");
+    destination.setattr(
+        crate::cpython::interned::intern!(py, "_metadata"),
+        &metadata,
+    )?;
+    let version_name = crate::cpython::interned::intern!(py, "version");
+    let detach = crate::cpython::interned::intern!(py, "detach");
     for (v, _, entries) in plan.visited() {
         let local = pyo3::types::PyDict::new(py);
         local.set_item(version_name, Bound::from_borrowed_ptr(py, v.version))?;
@@ -322,7 +325,7 @@ unsafe fn visit(
     let py = module.py();
     let m = module.as_ptr();
     let tp = capi::Py_TYPE(m);
-    let extra = pyo3::intern!(py, "get_extra_state").as_ptr();
+    let extra = crate::cpython::interned::intern!(py, "get_extra_state").as_ptr();
     if (depth > 0 && !is_native(g, module, Method::StateDict))
         || !is_native(g, module, Method::SaveToStateDict)
         || type_lookup(tp, g.names.dunder_getattribute) != g.orig.object_getattribute
@@ -335,8 +338,8 @@ unsafe fn visit(
         return false;
     };
     let hook_names = [
-        pyo3::intern!(py, "_state_dict_pre_hooks").as_ptr(),
-        pyo3::intern!(py, "_state_dict_hooks").as_ptr(),
+        crate::cpython::interned::intern!(py, "_state_dict_pre_hooks").as_ptr(),
+        crate::cpython::interned::intern!(py, "_state_dict_hooks").as_ptr(),
     ];
     let Some(hooks) = empty_hooks(g, &checked, hook_names) else {
         return false;
@@ -344,7 +347,7 @@ unsafe fn visit(
     let version = match plain_attr(
         tp,
         checked.seen.dict,
-        pyo3::intern!(py, "_version").as_ptr(),
+        crate::cpython::interned::intern!(py, "_version").as_ptr(),
     ) {
         Plain::Found(v) => v,
         _ => return false,

@@ -4,8 +4,8 @@
 //! `torch.__future__.get_<flag>()`, but without a Python frame while the
 //! getter installed there is torch's own `return <global>`).
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use std::sync::OnceLock;

@@ -5,10 +5,10 @@
 use super::named_members::NamedMembers;
 use super::named_modules::NamedModules;
 use super::yielded::pair;
+use crate::cpython::interned::intern;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::instance::registries::{Items, Memo};
 use crate::torch_api::originals::Globals;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyIterator, PyString};
 use pyo3::{PyTraverseError, PyVisit};

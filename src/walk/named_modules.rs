@@ -5,12 +5,12 @@
 //! (`crate::plans::module_walks`).
 use super::yielded::{dotted_join, pair};
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::instance::registries::{identity_hashed, join, Items, Memo};
 use crate::plans::module_walks::{self, Node, NodeKind, Plan, Recorder, Reg, MODS, NO_REGS};
 use crate::plans::visit::Checked;
 use crate::torch_api::originals::require;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyIterator;
 use pyo3::{PyTraverseError, PyVisit};

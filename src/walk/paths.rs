@@ -8,12 +8,12 @@
 //! one. A target that is not an exact `str` (whose `split` could be anything)
 //! is handed to torch's own function.
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::instance::attributes::exact_str;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::torch_api::originals::Globals;
 use pyo3::call::PyCallArgs;
 use pyo3::exceptions::{PyAttributeError, PyValueError};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PySlice, PyString};
 

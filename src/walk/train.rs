@@ -5,13 +5,13 @@
 //! (`crate::cpython::recursion`).
 use super::children::for_each_child;
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::cpython::recursion::{Depth, Recursion};
 use crate::cpython::type_cache::type_lookup;
 use crate::instance::attributes::instance_dict;
 use crate::instance::dispatch::{call_method, is_native, Method};
 use crate::torch_api::originals::Globals;
 use pyo3::exceptions::PyValueError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 

@@ -2,7 +2,7 @@
 //! value-only variants) and dotted names `prefix + "." + key`, built
 //! directly (one tuple and at most one concatenation per item).
 use crate::cpython::capi;
-use pyo3::intern;
+use crate::cpython::interned::intern;
 use pyo3::prelude::*;
 
 /// `(name, value)`, or just `value` for the value-only variants.

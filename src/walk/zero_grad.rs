@@ -13,11 +13,11 @@
 //! (nothing has run since the pass, so their grads are still None).
 use super::children::for_each_parameter;
 use crate::cpython::capi;
+use crate::cpython::interned::intern;
 use crate::instance::attributes::class_data_descr;
 use crate::instance::dispatch::{is_native, Method};
 use crate::plans::module_walks::{self, PlanKey};
 use crate::torch_api::originals::Globals;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
