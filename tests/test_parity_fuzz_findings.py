@@ -291,18 +291,10 @@ for name in ("_buffers", "_parameters", "_non_persistent_buffers_set", "_modules
 def run_script(script: str, side: str) -> tuple[int, str]:
     """``script`` run with argument ``side`` in a fresh interpreter under the debug
     allocator (a use-after-free crashes there): exit status and output."""
-    import os
-    import subprocess
-    import sys
+    from tests.fresh_sides import run_python
 
-    p = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", script, side],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONMALLOC": "debug"},
-    )
-    return p.returncode, p.stdout
+    rc, out, _ = run_python(["-c", script, side])
+    return rc, out
 
 
 def test_setattr_under_a_registry_name() -> None:

@@ -27,6 +27,7 @@ import fastmodule
 from fastmodule import _core
 
 from .conftest import outcome
+from .fresh_sides import run_python
 
 # --- running a scenario on both sides ------------------------------------------------
 
@@ -51,17 +52,10 @@ def in_subprocess(body: str, sides: tuple[str, ...] = ("stock", "fast")) -> dict
     """Run ``body`` (defining ``run(Base)``) in a fresh interpreter on each of ``sides``
     (stock, then fast), under the debug allocator: the printed results (a crash fails)."""
     script = _HEADER + textwrap.dedent(body) + _FOOTER.replace("{sides!r}", repr(sides))
-    env = dict(os.environ, PYTHONMALLOC="debug")
-    proc = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    assert proc.stdout.rstrip().endswith("done"), proc.stdout[-2000:]
+    rc, stdout, stderr = run_python(["-c", script])
+    assert rc == 0, stdout[-2000:] + stderr[-4000:]
+    out = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+    assert stdout.rstrip().endswith("done"), stdout[-2000:]
     return {side: out[side] for side in sides}
 
 
