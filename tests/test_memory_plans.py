@@ -231,8 +231,9 @@ def _walk_all(m: Any, sd: Any, torch: Any) -> None:
 
 @plans_on
 def test_plans_hold_their_root_weakly_and_go_with_it() -> None:
-    """A root with plans is held by one weak reference (never a strong one): the tree
-    dies as in stock, and its plans with it."""
+    """A root with plans is watched by one weak reference to its ``_forward_hooks``
+    (never a strong one, and none to the module: ``m.__weakref__`` is None, as in
+    stock): the tree dies as in stock, and its plans with it."""
     import gc
     import weakref
 
@@ -243,7 +244,9 @@ def test_plans_hold_their_root_weakly_and_go_with_it() -> None:
     fastmodule.accelerate(m)
     try:
         _walk_all(m, sd, torch)
-        assert weakref.getweakrefcount(m) == 1
+        assert weakref.getweakrefcount(m) == 0
+        assert m.__weakref__ is None
+        assert weakref.getweakrefcount(m._forward_hooks) == 1
         watched = _core.plan_memory()[0]
         alive = weakref.ref(m)
         del m
@@ -280,7 +283,8 @@ def test_every_root_with_a_plan_is_watched_past_the_release_threshold() -> None:
                 list(m.named_modules())
             else:
                 pytest.fail("no walk of the tree was recorded")
-            assert weakref.getweakrefcount(m) == 1, f"root {len(roots)} not watched"
+            watched = weakref.getweakrefcount(m._forward_hooks)
+            assert watched == 1, f"root {len(roots)} not watched"
     finally:
         for m in roots:
             fastmodule.restore(m)
@@ -300,16 +304,16 @@ def test_restore_and_accelerated_exit_drop_the_tree_plans() -> None:
     fastmodule.accelerate(m)
     _walk_all(m, sd, torch)
     list(m[1].parameters())
-    assert weakref.getweakrefcount(m) == 1
-    assert weakref.getweakrefcount(m[1]) == 1
+    assert weakref.getweakrefcount(m._forward_hooks) == 1
+    assert weakref.getweakrefcount(m[1]._forward_hooks) == 1
     fastmodule.restore(m)
-    assert weakref.getweakrefcount(m) == 0
-    assert weakref.getweakrefcount(m[1]) == 0
+    assert weakref.getweakrefcount(m._forward_hooks) == 0
+    assert weakref.getweakrefcount(m[1]._forward_hooks) == 0
     with fastmodule.accelerated(m):
         _walk_all(m, sd, torch)
         assert [n for n, _ in m.named_parameters()] == expected
-        assert weakref.getweakrefcount(m) == 1
-    assert weakref.getweakrefcount(m) == 0
+        assert weakref.getweakrefcount(m._forward_hooks) == 1
+    assert weakref.getweakrefcount(m._forward_hooks) == 0
     assert [n for n, _ in m.named_parameters()] == expected
 
 
@@ -324,7 +328,9 @@ def test_uninstall_drops_every_plan() -> None:
         m, torch = _tree()
         sd = m.state_dict()
         _walk_all(m, sd, torch)
-        assert weakref.getweakrefcount(m) == 1
+        assert weakref.getweakrefcount(m) == 0
+        assert m.__weakref__ is None
+        assert weakref.getweakrefcount(m._forward_hooks) == 1
     finally:
         fastmodule.uninstall()
     assert weakref.getweakrefcount(m) == 0
@@ -376,3 +382,67 @@ def test_accelerated_exit_after_the_block_broke_the_tree(breakage: str) -> None:
     assert not fastmodule.is_accelerated(Node())
     # No root is watched for plans: the exit gave everything back.
     assert _core.plan_memory()[0] == 0
+
+
+@plans_on
+@pytest.mark.parametrize("how", ["accelerated", "fastmodule.Module"])
+def test_a_watched_root_shows_no_weak_reference(how: str) -> None:
+    """Plans watch a root through its ``_forward_hooks``: the module itself shows the
+    weak references stock shows (none, or the caller's own), whatever was recorded;
+    a rebound ``_forward_hooks`` is watched anew, and the plans still go with the
+    tree."""
+    import gc
+    import weakref
+
+    import torch
+    from torch import nn
+
+    import fastmodule
+
+    def tree() -> nn.Module:
+        base = fastmodule.Module if how == "fastmodule.Module" else nn.Module
+        root = type("Root", (base,), {})()
+        root.a = nn.Linear(2, 2)
+        root.b = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        return root
+
+    def every_walk(m: nn.Module) -> None:
+        for _ in range(3):
+            sd = m.state_dict()
+            m.load_state_dict(sd)
+            list(m.named_parameters())
+            list(m.named_modules())
+            m.train()
+            m.float()
+            m.zero_grad()
+
+    with fastmodule.disabled():
+        stock = tree()
+        every_walk(stock)
+    m = tree()
+    if how == "accelerated":
+        fastmodule.accelerate(m)
+    try:
+        every_walk(m)
+        assert _core.plan_stats()[0] > 0
+        assert (m.__weakref__, weakref.getweakrefcount(m)) == (None, 0)
+        assert (stock.__weakref__, weakref.getweakrefcount(stock)) == (None, 0)
+        mine = weakref.ref(m)
+        assert weakref.getweakrefs(m) == [mine]
+        assert weakref.getweakrefcount(m._forward_hooks) == 1
+        # Rebound: the old dict no longer watched, the new one is after the next walk.
+        old = m._forward_hooks
+        m._forward_hooks = type(old)()
+        every_walk(m)
+        assert weakref.getweakrefcount(m._forward_hooks) == 1
+        assert weakref.getweakrefcount(old) == 0
+        del old, mine
+        watched = _core.plan_memory()[0]
+        alive = weakref.ref(m)
+        del m
+        gc.collect()
+        assert alive() is None
+        assert _core.plan_memory()[0] <= watched - 1
+        torch.zeros(1)  # keep torch imported for the stock walk above
+    finally:
+        fastmodule.restore(tree())

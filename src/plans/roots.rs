@@ -1,15 +1,25 @@
-//! The roots plans are recorded for, each held weakly, so that a tree's plans
-//! go with it: a plan holds no reference to its tree (its modules and tensors
-//! are borrowed), only what it built (names, keys); when the root dies, a
-//! weak reference's callback drops every plan recorded for it, in every
-//! table. `fastmodule.restore(model)` drops those of a tree's roots
+//! The roots plans are recorded for, each watched weakly, so that a tree's
+//! plans go with it: a plan holds no reference to its tree (its modules and
+//! tensors are borrowed), only what it built (names, keys); when the root
+//! dies, a weak reference's callback drops every plan recorded for it, in
+//! every table. `fastmodule.restore(model)` drops those of a tree's roots
 //! explicitly ([`forget`]).
+//!
+//! The weak reference is to the root's `_forward_hooks` dict, not to the
+//! root: one to the module would show in `module.__weakref__` and
+//! `weakref.getweakrefs(module)`, where stock shows none. torch puts weak
+//! references on its hook dicts itself (each hook's `RemovableHandle` holds
+//! one), and the dict dies with its module. Where it outlives the module
+//! (kept elsewhere), the module's plans stay until it goes, and a new object
+//! at the same address finds them stale (a plan checks every module's dicts
+//! by version tags, which are never reused); a root whose `_forward_hooks`
+//! was rebound is watched again through the new dict.
 //!
 //! Each table that keeps plans registers itself once ([`register`], at
 //! import); a root is watched ([`watch`]) before a plan for it is stored, and
-//! a plan is stored only when its root can be watched (every `nn.Module`
-//! accepts weak references; a class with `__slots__` and no `__weakref__`
-//! would not, and its trees are then walked live).
+//! a plan is stored only when its root can be watched (its `_forward_hooks`
+//! a plain entry of a quiet instance dict that accepts weak references, as
+//! torch's `OrderedDict` does; other trees are walked live).
 //!
 //! Everything here runs with the GIL held (plans are off on free-threaded
 //! builds). A weak reference's callback may run wherever Python allocates or
@@ -17,6 +27,7 @@
 //! roots or of a table is held across anything that may: a table's own
 //! operations allocate nothing Python, and the roots are borrowed only
 //! between such points.
+use crate::cpython::capi;
 use crate::plans::visit::{Checked, Modules};
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
@@ -33,7 +44,8 @@ pub trait Rooted: Sync {
 
 struct Root {
     addr: usize,
-    /// A weak reference to the root, with [`plan_root_freed`] as its callback.
+    /// A weak reference to the root's `_forward_hooks` (see the module docs),
+    /// with [`plan_root_freed`] as its callback.
     weak: Py<PyWeakrefReference>,
     /// The root's latest [`Modules`] snapshot, which a plan recorded from the
     /// same state shares (held by the plans alone).
@@ -103,13 +115,49 @@ fn callback(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
     Ok(CALLBACK.get_or_init(|| f))
 }
 
+/// The object whose life stands for `root`'s (see the module docs): its
+/// `_forward_hooks`, a plain entry of its instance dict when that dict is
+/// quiet (the lookup runs no code); None otherwise.
+fn lifetime_of<'py>(root: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let py = root.py();
+    let name = crate::cpython::interned::intern!(py, "_forward_hooks");
+    // SAFETY: GIL held; the dict is borrowed only for the lookup (a quiet
+    // dict's lookup with an exact str runs no code), the entry held at once.
+    unsafe {
+        let d = crate::instance::attributes::dict_as_is(root.as_ptr());
+        if d.is_null() || !crate::cpython::quiet::dict(d) {
+            return None;
+        }
+        let v = capi::PyDict_GetItemWithError(d, name.as_ptr());
+        if v.is_null() {
+            capi::PyErr_Clear();
+            return None;
+        }
+        Some(Bound::from_borrowed_ptr(py, v))
+    }
+}
+
 /// Watch `root` (call before storing a plan for it): false when it cannot
-/// be (no weak references; the plan is then not kept), with no exception
+/// be (see the module docs; the plan is then not kept), with no exception
 /// left set.
 pub fn watch(root: &Bound<'_, PyAny>) -> bool {
     let addr = root.as_ptr() as usize;
-    if roots().iter().any(|r| r.addr == addr) {
-        return true;
+    let Some(target) = lifetime_of(root) else {
+        return false;
+    };
+    if let Some(r) = roots().iter().find(|r| r.addr == addr) {
+        if r.weak
+            .bind(root.py())
+            .upgrade()
+            .is_some_and(|t| t.is(&target))
+        {
+            return true;
+        }
+        // Watched through another dict: a freed module's, still alive, or
+        // this root's before `_forward_hooks` was rebound. Its plans go
+        // (stale or re-recorded) and the root is watched anew.
+        let gone = std::collections::HashSet::from([addr]);
+        forget(&gone);
     }
     let py = root.py();
     // The callback is made (once) before the pause: nothing that may let
@@ -120,8 +168,9 @@ pub fn watch(root: &Bound<'_, PyAny>) -> bool {
     // Made with nothing borrowed, and with the cyclic GC paused: no finalizer
     // runs (which could change the tree whose plan the caller checks next).
     let gc = crate::cpython::gc::GcPause::new();
-    let weak = PyWeakrefReference::new_with(root, callback.bind(py));
+    let weak = PyWeakrefReference::new_with(&target, callback.bind(py));
     drop(gc);
+    drop(target);
     let weak = match weak {
         Ok(w) => w.unbind(),
         // The error was taken into the `PyErr`, dropped here.
